@@ -1,0 +1,1 @@
+"""The user's side of servebench: the `bench` command."""

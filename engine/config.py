@@ -1,0 +1,122 @@
+"""Engine configuration: one resolved `EngineConfig` is what every run records."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Batching = Literal["continuous", "static"]
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """Shape of a Llama-family model, read from GGUF metadata, config.json or a tiny preset."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
+
+
+@dataclass(slots=True)
+class CacheConfig:
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # wins over the memory budget when set
+    kv_cache_memory_gb: float | None = None  # default: 2 GiB, capped to what max_num_seqs can use
+    kv_cache_dtype: Literal["auto"] = "auto"
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    batching: Batching = "continuous"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None  # default: 2048 chunked, else max(2048, max_model_len)
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # >0: a prefill chunk never exceeds this many tokens
+    policy: Literal["fcfs"] = "fcfs"
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "smollm2-135m"
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    device: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None  # default: the model's context length
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
+        """Build from vLLM-style flat engine args (`max_num_seqs=8, block_size=16, ...`)."""
+        cfg = cls(model=model)
+        for name, value in kwargs.items():
+            target = next((o for o in (cfg, cfg.cache, cfg.scheduler) if name in _arg_names(o)), None)
+            if target is None:
+                raise TypeError(f"unknown engine argument {name!r}; known: {sorted(engine_arg_names())}")
+            setattr(target, name, value)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        s, c = self.scheduler, self.cache
+        if s.batching not in ("continuous", "static"):
+            raise ValueError(f"batching must be 'continuous' or 'static', got {s.batching!r}")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
+        for name, value in (("max_num_seqs", s.max_num_seqs), ("block_size", c.block_size)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if c.num_kv_blocks is not None and c.num_kv_blocks < 1:
+            raise ValueError("num_kv_blocks must be >= 1")
+        if s.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
+
+    def resolve(self, model_config: ModelConfig, dtype_bytes: int) -> None:
+        """Fill the defaults that depend on the model: context length, token budget, KV blocks."""
+        if self.max_model_len is None:
+            self.max_model_len = model_config.max_position_embeddings
+        s, c = self.scheduler, self.cache
+        if s.max_num_batched_tokens is None:
+            s.max_num_batched_tokens = (
+                2048 if s.enable_chunked_prefill else max(2048, self.max_model_len)
+            )
+        if c.num_kv_blocks is None:
+            block_bytes = c.block_size * model_config.kv_bytes_per_token(dtype_bytes)
+            budget_gb = 2.0 if c.kv_cache_memory_gb is None else c.kv_cache_memory_gb
+            by_memory = int(budget_gb * 2**30 // block_bytes)
+            if by_memory < 1:
+                raise ValueError(
+                    f"kv_cache_memory_gb={budget_gb} holds no {c.block_size}-token block "
+                    f"({block_bytes} bytes each)"
+                )
+            by_need = s.max_num_seqs * math.ceil(self.max_model_len / c.block_size)
+            c.num_kv_blocks = by_memory if c.kv_cache_memory_gb is not None else min(by_memory, by_need)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _arg_names(obj: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(obj)} - {"cache", "scheduler", "model"}
+
+
+def engine_arg_names() -> set[str]:
+    """The flat engine-argument names shared by `LLM(...)` and `bench serve` flags."""
+    return set().union(*(_arg_names(c) for c in (EngineConfig, CacheConfig, SchedulerConfig)))

@@ -1,0 +1,217 @@
+"""`LLMEngine` (add_request / step / abort) and the offline `LLM.generate`, shaped like vLLM's."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.model.loader import load_model
+from engine.request import FinishReason, Request, RequestOutput, SamplingParams
+from engine.runner import ModelRunner
+from engine.scheduler import Scheduler
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        dtype = DTYPES[config.dtype]
+        torch.manual_seed(config.seed)
+        loaded = load_model(config.model, dtype, self.device, config.seed)
+        self.model_config = loaded.config
+        self.tokenizer: Tokenizer | None = loaded.tokenizer
+        self.model_source = loaded.source
+        if (config.max_model_len or 0) > loaded.config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's context length "
+                f"{loaded.config.max_position_embeddings}"
+            )
+        config.resolve(loaded.config, dtype.itemsize)
+        assert config.max_model_len is not None and config.cache.num_kv_blocks is not None
+        self.max_model_len = config.max_model_len
+        loaded.model.prepare(self.max_model_len)
+        self.kv = KVCacheManager(config.cache.num_kv_blocks, config.cache.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
+        self.runner = ModelRunner(
+            loaded.model, loaded.config, self.kv.num_blocks, config.cache.block_size, config.seed
+        )
+        self.eos_token_ids = loaded.config.eos_token_ids or (
+            loaded.tokenizer.eos_token_ids if loaded.tokenizer else ()
+        )
+        self.requests: dict[str, Request] = {}
+        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._counters = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self._last_step = {"num_tokens": 0, "num_seqs": 0, "time_s": 0.0}
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"model {self.config.model!r} has no tokenizer: pass token ids")
+            text: str | None = prompt
+            ids = self.tokenizer.encode(prompt)
+        else:
+            text, ids = None, list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(i, int) or not 0 <= i < vocab for i in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        self.scheduler.check_fits(len(ids), params.max_tokens)
+        req = Request(request_id, ids, params, text, arrival_time, self.eos_token_ids)
+        self.requests[request_id] = req
+        if self.tokenizer is not None:
+            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
+        self.scheduler.add(req)
+        return req
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        self._finish(req, FinishReason.ABORT)
+        return RequestOutput.of(req, [])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one iteration -----------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        out = self.scheduler.schedule()
+        if out.is_empty:
+            return []
+        t0 = time.perf_counter()
+        sampled = self.runner.execute(out, self.kv.block_tables)
+        self.scheduler.advance(out)
+        now = time.monotonic()
+        outputs = []
+        for req, token in sampled:
+            req.token_ids.append(token)
+            if req.metrics.first_token_time is None:
+                req.metrics.first_token_time = now
+                self._counters["prompt_tokens"] += req.num_prompt_tokens
+            self._process_token(req, token)
+            outputs.append(RequestOutput.of(req, [token]))
+        self._counters["steps"] += 1
+        self._counters["generation_tokens"] += len(sampled)
+        self._last_step = {
+            "num_tokens": out.num_batched_tokens,
+            "num_seqs": len(out.scheduled),
+            "time_s": time.perf_counter() - t0,
+        }
+        return outputs
+
+    def _process_token(self, req: Request, token: int) -> None:
+        params = req.params
+        detok = self._detokenizers.get(req.request_id)
+        if detok is not None:
+            before = len(req.output_text)
+            req.output_text += detok.step(req.token_ids)
+            for stop in params.stop:
+                idx = req.output_text.find(stop, max(0, before - len(stop) + 1))
+                if idx >= 0:
+                    end = idx + len(stop) if params.include_stop_str_in_output else idx
+                    req.output_text = req.output_text[:end]
+                    req.stop_reason = stop
+                    self._finish(req, FinishReason.STOP, flush=False)
+                    return
+        if token in req.stop_token_ids:
+            req.stop_reason = token if token in params.stop_token_ids else None
+            self._finish(req, FinishReason.STOP)
+        elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
+            self._finish(req, FinishReason.LENGTH)
+
+    def _finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
+        self.scheduler.finish(req, reason)
+        detok = self._detokenizers.pop(req.request_id, None)
+        if detok is not None and flush:
+            req.output_text += detok.step(req.token_ids, final=True)
+        del self.requests[req.request_id]
+
+    # ---- observability -----------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        block_bytes = self.config.cache.block_size * self.model_config.kv_bytes_per_token(
+            DTYPES[self.config.dtype].itemsize
+        )
+        token_bytes = block_bytes // self.config.cache.block_size
+        return {
+            "num_running": len(self.scheduler.running),
+            "num_waiting": self.scheduler.num_waiting,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "kv_blocks_used": self.kv.num_used_blocks,
+            "kv_blocks_total": self.kv.num_blocks,
+            "kv_block_size": self.config.cache.block_size,
+            "kv_peak_blocks_used": self.kv.peak_blocks_used,
+            "kv_peak_bytes_used": self.kv.peak_blocks_used * block_bytes,
+            # What the same peak concurrency would reserve with one max-length slab per request.
+            "kv_contiguous_bytes_equivalent": self.kv.peak_num_requests
+            * self.max_model_len
+            * token_bytes,
+            "prefix_cache_hit_rate": 0.0,
+            "last_step_num_tokens": self._last_step["num_tokens"],
+            "last_step_num_seqs": self._last_step["num_seqs"],
+            "last_step_time_s": self._last_step["time_s"],
+            "num_steps": self._counters["steps"],
+            "prompt_tokens_total": self._counters["prompt_tokens"],
+            "generation_tokens_total": self._counters["generation_tokens"],
+        }
+
+
+class LLM:
+    """Offline batch generation: `LLM(model=..., **engine_args).generate(prompts, params)`."""
+
+    def __init__(self, model: str = "smollm2-135m", **engine_args: Any) -> None:
+        self.llm_engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args))
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> Tokenizer | None:
+        return self.llm_engine.tokenizer
+
+    def generate(
+        self,
+        prompts: str | list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        if not isinstance(sampling_params, list):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError("give one SamplingParams, or one per prompt")
+        engine = self.llm_engine
+        ids = []
+        for prompt, params in zip(prompts, sampling_params, strict=True):
+            ids.append(f"gen-{next(self._ids)}")
+            engine.add_request(ids[-1], prompt, params)
+        finished: dict[str, RequestOutput] = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+        return [finished[i] for i in ids]

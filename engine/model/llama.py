@@ -1,0 +1,160 @@
+"""The Llama architecture (SmolLM2, TinyLlama, Llama-3 shapes) over a paged KV cache.
+
+Tokens of all requests in a step are one flat batch [T]; where each token's K/V goes and
+what it attends to comes from `AttentionMetadata`. Q/K/V and gate/up projections are fused
+into one matmul each."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from engine.config import ModelConfig
+from engine.ops import (
+    AttentionMetadata,
+    apply_rotary,
+    paged_attention,
+    rms_norm,
+    rotary_cos_sin,
+    silu_and_mul,
+    write_kv_cache,
+)
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # [num_blocks, block_size, kv_heads, head_dim] each
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size = cfg.num_heads * cfg.head_dim
+        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+
+    def forward(
+        self, x: torch.Tensor, cos_sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos_sin)
+        k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos_sin)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        write_kv_cache(k, v, *kv_cache, meta.slot_mapping)
+        o = paged_attention(q, *kv_cache, meta, self.scale)  # [T, heads, head_dim]
+        return self.o_proj(o.view(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, cos_sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        self.cos_sin: torch.Tensor | None = None  # built by `prepare`, once dtype/device are final
+
+    def prepare(self, max_positions: int) -> None:
+        p = self.embed_tokens.weight
+        self.cos_sin = rotary_cos_sin(
+            self.config.head_dim, max_positions, self.config.rope_theta, p.dtype, p.device
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        assert self.cos_sin is not None, "call prepare() first"
+        cos_sin = self.cos_sin[positions]
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos_sin, kv_cache, meta)
+        return self.norm(x)  # [T, hidden]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # [N, vocab]
+
+    def load_hf_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy tensors named as in a Hugging Face Llama checkpoint into the fused layout."""
+        cfg = self.config
+        params = dict(self.named_parameters())
+        fused = {
+            "q_proj": ("qkv_proj", 0, cfg.num_heads * cfg.head_dim),
+            "k_proj": ("qkv_proj", cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim),
+            "v_proj": (
+                "qkv_proj",
+                (cfg.num_heads + cfg.num_kv_heads) * cfg.head_dim,
+                cfg.num_kv_heads * cfg.head_dim,
+            ),
+            "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
+            "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size),
+        }
+        pieces_loaded: Counter[str] = Counter()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if "rotary_emb" in name or (name == "lm_head.weight" and cfg.tie_word_embeddings):
+                continue
+            *prefix, target, kind = name.split(".")
+            if target in fused:
+                fused_name, start, size = fused[target]
+                pname = ".".join([*prefix, fused_name, kind])
+                dst = params[pname].data[start : start + size]
+            elif name in params:
+                pname, dst = name, params[name].data
+            else:
+                raise KeyError(f"checkpoint tensor {hf_name!r} has no place in the model")
+            if tuple(dst.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"{hf_name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(dst.shape)}"
+                )
+            dst.copy_(tensor)
+            pieces_loaded[pname] += 1
+        pieces = {"qkv_proj": 3, "gate_up_proj": 2}
+        missing = [p for p in params if pieces_loaded[p] != pieces.get(p.split(".")[-2], 1)]
+        if missing:
+            raise ValueError(f"checkpoint lacks tensors for {len(missing)} weights, e.g. {missing[:3]}")

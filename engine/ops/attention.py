@@ -1,0 +1,73 @@
+"""Paged attention in pure PyTorch: K/V live in fixed-size blocks and are read only
+through per-request block tables.
+
+A step's tokens come decode-first: the first `num_decode_tokens` are single-token queries
+(decodes, or one-token prefill chunks); the rest are prefill chunks of any length, each
+attending to its request's earlier cached tokens and causally to itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Built once per step by the runner and read by every layer."""
+
+    slot_mapping: torch.Tensor  # [T] cache slot (block * block_size + offset) of each new token
+    num_decode_tokens: int
+    decode_block_tables: torch.Tensor  # [Bd, nb] int64
+    decode_mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] bool: key j is in the context
+    prefill_block_tables: torch.Tensor  # [Bp, nb] int64
+    prefill_gather: torch.Tensor  # [Bp, Qp] index of each padded query among prefill tokens
+    prefill_scatter: torch.Tensor  # [Tp] index of each prefill token in the flat [Bp * Qp]
+    prefill_mask: torch.Tensor  # [Bp, 1, Qp, nb * block_size] bool: causal and in context
+
+
+def write_kv_cache(
+    k: torch.Tensor,  # [T, kv_heads, head_dim]
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T]
+) -> None:
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    # [B, nb] -> [B, kv_heads, nb * block_size, head_dim]
+    return cache[block_tables].flatten(1, 2).transpose(1, 2)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, heads, head_dim]
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    nd = meta.num_decode_tokens
+    out = torch.empty_like(q)
+    if nd:
+        # Fold the query heads that share a KV head into the query axis: no K/V repeat.
+        qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        k = _gather(k_cache, meta.decode_block_tables)
+        v = _gather(v_cache, meta.decode_block_tables)
+        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask, scale=scale)
+        out[:nd] = o.reshape(nd, num_heads, head_dim)
+    if nd < num_tokens:
+        bp, qp = meta.prefill_gather.shape
+        qpad = q[nd:][meta.prefill_gather].transpose(1, 2)  # [Bp, heads, Qp, head_dim]
+        k = _gather(k_cache, meta.prefill_block_tables)
+        v = _gather(v_cache, meta.prefill_block_tables)
+        o = F.scaled_dot_product_attention(
+            qpad, k, v, attn_mask=meta.prefill_mask, scale=scale, enable_gqa=True
+        )
+        out[nd:] = o.transpose(1, 2).reshape(bp * qp, num_heads, head_dim)[meta.prefill_scatter]
+    return out

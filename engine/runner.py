@@ -1,0 +1,121 @@
+"""Turns a scheduler decision into flat tensors, runs the model over the paged KV cache and
+samples the next token of every request whose prompt (or recompute) is fully computed."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.config import ModelConfig
+from engine.model.llama import KVCache, LlamaForCausalLM
+from engine.ops import AttentionMetadata
+from engine.request import Request
+from engine.sampler import sample
+from engine.scheduler import SchedulerOutput
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        model_config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        seed: int,
+    ) -> None:
+        self.model = model
+        self.block_size = block_size
+        p = model.embed_tokens.weight
+        self.device, self.dtype = p.device, p.dtype
+        shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
+        # Zeros, not empty: masked-out slots are still multiplied by 0, and 0 * NaN is NaN.
+        self.kv_caches: list[KVCache] = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(model_config.num_layers)
+        ]
+        self.generator = torch.Generator().manual_seed(seed)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    @torch.inference_mode()
+    def execute(
+        self, out: SchedulerOutput, block_tables: dict[str, list[int]]
+    ) -> list[tuple[Request, int]]:
+        """Run one step; returns (request, sampled token) for requests that caught up."""
+        # Decodes (single-token queries) first: attention batches them without padding.
+        items = sorted(out.scheduled, key=lambda item: item[1] != 1)
+        input_ids, positions, meta = self._prepare(items, block_tables)
+        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        ends = np.cumsum([n for _, n in items]) - 1
+        done = [i for i, (r, n) in enumerate(items) if r.num_computed_tokens + n == r.num_tokens]
+        if not done:
+            return []
+        rows = torch.as_tensor(ends[done], device=self.device)
+        logits = self.model.compute_logits(hidden[rows])
+        reqs = [items[i][0] for i in done]
+        return list(zip(reqs, sample(logits, reqs, self.generator), strict=True))
+
+    def _prepare(
+        self, items: list[tuple[Request, int]], block_tables: dict[str, list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        bs = self.block_size
+        starts = np.array([r.num_computed_tokens for r, _ in items], dtype=np.int64)
+        q_lens = np.array([n for _, n in items], dtype=np.int64)
+        seq_lens = starts + q_lens
+        tokens: list[int] = []
+        for r, n in items:
+            tokens += r.token_ids[r.num_computed_tokens : r.num_computed_tokens + n]
+        # Position of each token: its request's start + its offset within the chunk.
+        owner = np.repeat(np.arange(len(items)), q_lens)
+        first = np.cumsum(q_lens) - q_lens
+        pos = starts[owner] + np.arange(len(tokens)) - first[owner]
+
+        max_blocks = int(-(-seq_lens.max() // bs))
+        tables = np.zeros((len(items), max_blocks), dtype=np.int64)
+        for i, (r, _) in enumerate(items):
+            table = block_tables[r.request_id][:max_blocks]
+            tables[i, : len(table)] = table
+        slots = tables[owner, pos // bs] * bs + pos % bs
+
+        nd = int((q_lens == 1).sum())  # items are sorted: decodes come first
+        dev = self.device
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
+
+        # Decode: one query per request; key j is valid while j < seq_len.
+        d_blocks = int(-(-seq_lens[:nd].max() // bs)) if nd else 0
+        d_keys = np.arange(d_blocks * bs)
+        d_mask = (d_keys[None, :] < seq_lens[:nd, None])[:, None, None, :]
+
+        # Prefill: queries padded to the longest chunk; query i of a request sees keys up to
+        # its own position (pad rows repeat the last real row, so no row is fully masked).
+        pq = q_lens[nd:]
+        p_blocks = int(-(-seq_lens[nd:].max() // bs)) if len(pq) else 0
+        q_max = int(pq.max()) if len(pq) else 0
+        qi = np.arange(q_max)
+        real = qi[None, :] < pq[:, None]  # [Bp, Qp]
+        p_first = np.cumsum(pq) - pq
+        gather = np.where(real, p_first[:, None] + qi[None, :], 0)
+        scatter = (np.arange(len(pq))[:, None] * q_max + qi[None, :])[real]
+        q_pos = starts[nd:, None] + np.minimum(qi[None, :], pq[:, None] - 1)
+        p_keys = np.arange(p_blocks * bs)
+        p_mask = (p_keys[None, None, :] <= q_pos[:, :, None])[:, None, :, :]
+
+        meta = AttentionMetadata(
+            slot_mapping=t(slots),
+            num_decode_tokens=nd,
+            decode_block_tables=t(tables[:nd, :d_blocks]),
+            decode_mask=t(d_mask),
+            prefill_block_tables=t(tables[nd:, :p_blocks]),
+            prefill_gather=t(gather),
+            prefill_scatter=t(scatter),
+            prefill_mask=t(p_mask),
+        )
+        input_ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
+        return input_ids, t(pos), meta

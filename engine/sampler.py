@@ -1,0 +1,50 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, with per-request seeds.
+
+Sampling draws argmax(probs / Exp(1) noise), which picks token i with probability probs[i];
+a request with a seed draws its noise from its own generator, so its output does not
+depend on what else shares the batch."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.request import Request
+
+
+def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> list[int]:
+    """logits: [N, vocab] float32, one row per request. Returns one token id per row."""
+    greedy = logits.argmax(dim=-1)
+    if all(r.params.greedy for r in requests):
+        return greedy.tolist()
+    device = logits.device
+    params = [r.params for r in requests]
+    temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+    logits = logits / temperature.unsqueeze(1)
+    top_k = [p.top_k for p in params]
+    top_p = [p.top_p for p in params]
+    if any(top_k) or any(p < 1.0 for p in top_p):
+        logits = _apply_top_k_top_p(logits, top_k, top_p)
+    probs = logits.softmax(dim=-1)
+    noise = torch.empty(probs.shape, dtype=torch.float32)
+    noise.exponential_(generator=generator)
+    for i, r in enumerate(requests):
+        if r.generator is not None:
+            noise[i].exponential_(generator=r.generator)
+    sampled = (probs / noise.to(device)).argmax(dim=-1)
+    is_greedy = torch.tensor([p.greedy for p in params], device=device)
+    return torch.where(is_greedy, greedy, sampled).tolist()
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    device = logits.device
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    k = torch.tensor([t if t > 0 else vocab for t in top_k], device=device)
+    drop = torch.arange(vocab, device=device).unsqueeze(0) >= k.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    p = torch.tensor(top_p, device=device)
+    probs = sorted_logits.softmax(dim=-1)
+    # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+    drop = (probs.cumsum(dim=-1) - probs) >= p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

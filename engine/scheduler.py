@@ -1,0 +1,173 @@
+"""Iteration-level scheduling: each step spends a token budget on running requests first
+(one decode token, or the next prefill chunk), then admits waiting ones while the budget,
+`max_num_seqs` and free KV blocks allow.
+
+`static` batching admits a new batch only once every request of the previous one has
+finished: the baseline that continuous batching is compared against."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.config import SchedulerConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import FinishReason, Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, new tokens)
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv: KVCacheManager, max_model_len: int) -> None:
+        assert config.max_num_batched_tokens is not None, "resolve the config first"
+        self.config = config
+        self.kv = kv
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        # Static batching: members of the current batch that are not running yet.
+        self.batch_waiting: deque[Request] = deque()
+        self.num_preemptions = 0
+
+    # ---- queue state -------------------------------------------------------------------
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.batch_waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.batch_waiting or self.running)
+
+    def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
+        """Raise ValueError for a request that could never be scheduled."""
+        budget = self.config.max_num_batched_tokens
+        if num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {num_prompt_tokens} tokens; the context length is "
+                f"{self.max_model_len}, which leaves no room to generate"
+            )
+        if not self.config.enable_chunked_prefill and num_prompt_tokens > budget:
+            raise ValueError(
+                f"prompt has {num_prompt_tokens} tokens, more than max_num_batched_tokens="
+                f"{budget}; enable chunked prefill or raise the budget"
+            )
+        worst = min(num_prompt_tokens + max_tokens, self.max_model_len)
+        if self.kv.blocks_for(worst) > self.kv.num_blocks:
+            raise ValueError(
+                f"a request of {worst} tokens needs {self.kv.blocks_for(worst)} KV blocks; the "
+                f"cache has {self.kv.num_blocks}: it can never fit"
+            )
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    # ---- one step ----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        assert budget is not None
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = self._num_new_tokens(req, budget)
+            if n == 0:
+                i += 1
+                continue
+            if self._allocate_or_preempt(req, n, out):
+                out.scheduled.append((req, n))
+                budget -= n
+                i += 1
+
+        if out.preempted:  # the pool is short: admitting more would only thrash
+            return out
+
+        queue = self._admission_queue()
+        while queue and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = queue[0]
+            n = self._num_new_tokens(req, budget)
+            if n == 0 or not self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n):
+                break
+            queue.popleft()
+            req.status = RequestStatus.RUNNING
+            if req.metrics.first_scheduled_time is None:
+                req.metrics.first_scheduled_time = time.monotonic()
+            self.running.append(req)
+            out.scheduled.append((req, n))
+            budget -= n
+        return out
+
+    def _num_new_tokens(self, req: Request, budget: int) -> int:
+        n = req.num_tokens - req.num_computed_tokens
+        threshold = self.config.long_prefill_token_threshold
+        if 0 < threshold < n:
+            n = threshold
+        if n <= budget:
+            return n
+        full_budget = self.config.max_num_batched_tokens
+        assert full_budget is not None
+        if self.config.enable_chunked_prefill or n > full_budget:
+            # Without chunked prefill only a recompute after preemption can exceed the whole
+            # budget (prompts that do are rejected on arrival); it is chunked to make progress.
+            return budget
+        return 0  # the whole prompt waits for a step with room for all of it
+
+    def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
+        """Allocate blocks for `n` more tokens of a running request, preempting the most
+        recently admitted requests until it fits. False if `req` itself was preempted."""
+        while not self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n):
+            victim = self.running.pop()
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request) -> None:
+        self.kv.free(req.request_id)
+        req.num_computed_tokens = 0  # recompute from scratch when readmitted
+        req.status = RequestStatus.PREEMPTED
+        req.metrics.num_preemptions += 1
+        self.num_preemptions += 1
+        queue = self.batch_waiting if self.config.batching == "static" else self.waiting
+        queue.appendleft(req)
+
+    def _admission_queue(self) -> deque[Request]:
+        if self.config.batching == "continuous":
+            return self.waiting
+        if not self.running and not self.batch_waiting:
+            for _ in range(min(self.config.max_num_seqs, len(self.waiting))):
+                self.batch_waiting.append(self.waiting.popleft())
+        return self.batch_waiting
+
+    # ---- after a step ------------------------------------------------------------------
+
+    def advance(self, out: SchedulerOutput) -> None:
+        for req, n in out.scheduled:
+            req.num_computed_tokens += n
+
+    def finish(self, req: Request, reason: FinishReason) -> None:
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif req in self.batch_waiting:
+            self.batch_waiting.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        self.kv.free(req.request_id)
+        req.status = RequestStatus.FINISHED
+        req.finish_reason = reason
+        req.metrics.finish_time = time.monotonic()
