@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from typing import Any
@@ -10,13 +11,20 @@ import torch
 
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
-from engine.model.loader import load_model
+from engine.model.loader import LoadedModel, load_model
 from engine.request import FinishReason, Request, RequestOutput, SamplingParams
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@functools.lru_cache(maxsize=2)
+def _load_shared(model: str, dtype: torch.dtype, device: torch.device, seed: int) -> LoadedModel:
+    """Weights are read-only to the engine, so engines in one process share them: a benchmark
+    or test that compares settings loads the model once."""
+    return load_model(model, dtype, device, seed)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -31,7 +39,7 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
-        loaded = load_model(config.model, dtype, self.device, config.seed)
+        loaded = _load_shared(config.model, dtype, self.device, config.seed)
         self.model_config = loaded.config
         self.tokenizer: Tokenizer | None = loaded.tokenizer
         self.model_source = loaded.source

@@ -21,9 +21,9 @@ _GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
 
 def _gguf_pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if name == "smollm":
+    if name in ("smollm", "starcoder"):  # llama.cpp: split off every \p{N}, then GPT-2's regex
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    if name in ("gpt2", "default", "starcoder"):
+    if name in ("gpt2", "default"):
         return byte_level
     if name in ("llama-bpe", "llama3"):
         return pre_tokenizers.Sequence(

@@ -97,6 +97,8 @@ class LlamaForCausalLM(nn.Module):
         self.cos_sin: torch.Tensor | None = None  # built by `prepare`, once dtype/device are final
 
     def prepare(self, max_positions: int) -> None:
+        if self.cos_sin is not None and self.cos_sin.shape[0] >= max_positions:
+            return  # engines sharing this model may ask for different context lengths
         p = self.embed_tokens.weight
         self.cos_sin = rotary_cos_sin(
             self.config.head_dim, max_positions, self.config.rope_theta, p.dtype, p.device

@@ -1,0 +1,224 @@
+"""Stateful property test: a real `Scheduler` over a real `KVCacheManager`, driven by random
+adds, steps, aborts and early stops, keeps its block accounting exact and never deadlocks.
+
+A step mimics `LLMEngine.step` without a model: schedule, advance, then every scheduled
+request whose tokens are all computed gets one fake sampled token and is finished (LENGTH)
+once it reached `max_tokens` or the context length."""
+
+from __future__ import annotations
+
+import itertools
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from engine.config import SchedulerConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from engine.scheduler import Scheduler
+
+FAKE_TOKEN = 7
+# Every step advances the oldest running request by at least one token and it is never
+# preempted, so a drain needs at most about (tokens of all requests) x (1 + recomputes) steps;
+# this bound is far above that for the sizes drawn here.
+MAX_DRAIN_STEPS = 20_000
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids = itertools.count()
+        self.live: list[Request] = []  # in arrival order
+        self.arrival: dict[str, int] = {}
+        self.configured = False
+
+    @initialize(
+        num_blocks=st.integers(8, 40),
+        block_size=st.sampled_from([4, 4, 16]),
+        max_num_seqs=st.integers(1, 6),
+        max_num_batched_tokens=st.integers(1, 96),
+        enable_chunked_prefill=st.booleans(),
+        long_prefill_token_threshold=st.sampled_from([0, 0, 3, 16]),
+        batching=st.sampled_from(["continuous", "static"]),
+        max_model_len=st.integers(8, 256),
+    )
+    def configure(
+        self,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool,
+        long_prefill_token_threshold: int,
+        batching: str,
+        max_model_len: int,
+    ) -> None:
+        self.config = SchedulerConfig(
+            batching=batching,  # type: ignore[arg-type]
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+        )
+        self.kv = KVCacheManager(num_blocks, block_size)
+        self.max_model_len = max_model_len
+        self.scheduler = Scheduler(self.config, self.kv, max_model_len)
+        self.configured = True
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def _step(self) -> None:
+        """One engine iteration without a model; checks the per-step limits on the way."""
+        sched = self.scheduler
+        out = sched.schedule()
+        assert out.num_batched_tokens <= self.config.max_num_batched_tokens  # type: ignore[operator]
+        assert all(n >= 1 for _, n in out.scheduled)
+        scheduled_ids = [r.request_id for r, _ in out.scheduled]
+        assert len(scheduled_ids) == len(set(scheduled_ids)), "a request scheduled twice"
+        assert len(sched.running) <= self.config.max_num_seqs
+        assert all(r.status == RequestStatus.RUNNING for r, _ in out.scheduled)
+        assert not {r.request_id for r in out.preempted} & set(scheduled_ids)
+        for req, n in out.scheduled:
+            assert req.num_computed_tokens + n <= req.num_tokens
+        sched.advance(out)
+        for req, _ in out.scheduled:
+            if req.num_computed_tokens == req.num_tokens:
+                req.token_ids.append(FAKE_TOKEN)
+                if (
+                    req.num_output_tokens >= req.params.max_tokens
+                    or req.num_tokens >= self.max_model_len
+                ):
+                    self._finish(req, FinishReason.LENGTH)
+
+    def _finish(self, req: Request, reason: FinishReason) -> None:
+        self.scheduler.finish(req, reason)
+        self.live.remove(req)
+        assert req.status == RequestStatus.FINISHED
+        assert req.request_id not in self.kv.block_tables
+
+    def _drain(self) -> None:
+        for _ in range(MAX_DRAIN_STEPS):
+            if not self.scheduler.has_unfinished():
+                break
+            self._step()
+            self.check_block_accounting()
+        assert not self.scheduler.has_unfinished(), f"deadlock: {self.live}"
+        assert not self.live
+        assert self.kv.pool.num_used == 0
+        assert self.kv.pool.num_free == self.kv.num_blocks
+        assert not self.kv.block_tables
+
+    # ---- rules -------------------------------------------------------------------------
+
+    @rule(data=st.data(), max_tokens=st.integers(1, 64))
+    def add_request(self, data: st.DataObject, max_tokens: int) -> None:
+        # Prompts up to the whole cache: some fit together, some crowd each other out.
+        capacity = self.kv.num_blocks * self.kv.block_size
+        prompt_len = data.draw(st.integers(1, capacity), label="prompt_len")
+        try:
+            self.scheduler.check_fits(prompt_len, max_tokens)
+        except ValueError:
+            budget = self.config.max_num_batched_tokens
+            assert budget is not None
+            worst = min(prompt_len + max_tokens, self.max_model_len)
+            assert (
+                prompt_len >= self.max_model_len
+                or (not self.config.enable_chunked_prefill and prompt_len > budget)
+                or self.kv.blocks_for(worst) > self.kv.num_blocks
+            )
+            return
+        rid = f"r{next(self.ids)}"
+        req = Request(rid, [1] * prompt_len, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        self.arrival[rid] = len(self.arrival)
+        self.live.append(req)
+        self.scheduler.add(req)
+
+    @rule()
+    def step(self) -> None:
+        self._step()
+
+    @precondition(lambda self: bool(self.live))
+    @rule(data=st.data())
+    def abort_request(self, data: st.DataObject) -> None:
+        self._finish(data.draw(st.sampled_from(self.live)), FinishReason.ABORT)
+
+    @precondition(lambda self: bool(self.scheduler.running))
+    @rule(data=st.data())
+    def stop_running_request_early(self, data: st.DataObject) -> None:
+        self._finish(data.draw(st.sampled_from(self.scheduler.running)), FinishReason.STOP)
+
+    @precondition(lambda self: len(self.live) >= 2)
+    @rule()
+    def drain_finishes_every_request(self) -> None:
+        self._drain()
+
+    # ---- invariants --------------------------------------------------------------------
+
+    @invariant()
+    def check_block_accounting(self) -> None:
+        if not self.configured:
+            return
+        kv, pool = self.kv, self.kv.pool
+        tables = kv.block_tables
+        owned = [b for table in tables.values() for b in table]
+        assert len(owned) == len(set(owned)), "a block is in two block tables"
+        assert len(owned) == pool.num_used
+        used = set(owned)
+        for b in range(pool.num_blocks):
+            assert pool.ref_counts[b] == (1 if b in used else 0), f"block {b}"
+        free = list(pool._free)
+        assert len(free) == len(set(free)), "the free queue has a duplicate"
+        assert set(free) == set(range(pool.num_blocks)) - used
+
+    @invariant()
+    def check_request_states(self) -> None:
+        if not self.configured:
+            return
+        sched, kv = self.scheduler, self.kv
+        queued = [*sched.waiting, *sched.batch_waiting]
+        live_ids = {r.request_id for r in self.live}
+        tracked = [*sched.running, *queued]
+        assert sorted(r.request_id for r in tracked) == sorted(live_ids)
+        assert set(kv.block_tables) <= {r.request_id for r in sched.running}
+        assert len(sched.running) <= self.config.max_num_seqs
+        for req in sched.running:
+            assert req.status == RequestStatus.RUNNING
+            # After `advance` a table covers exactly the computed tokens: it grows to
+            # `computed + scheduled` in `schedule` and `advance` adds the scheduled ones.
+            assert len(kv.block_tables.get(req.request_id, [])) == kv.blocks_for(
+                req.num_computed_tokens
+            )
+            assert req.num_computed_tokens < req.num_tokens
+        for req in queued:
+            assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+            assert req.request_id not in kv.block_tables
+            assert req.num_computed_tokens == 0
+        # FCFS: running, then the static batch's queue, then waiting, is arrival order.
+        order = [self.arrival[r.request_id] for r in (*sched.running, *sched.batch_waiting)]
+        order += [self.arrival[r.request_id] for r in sched.waiting]
+        assert order == sorted(order)
+        if self.config.batching == "continuous":
+            assert not sched.batch_waiting
+        else:
+            assert len(sched.running) + len(sched.batch_waiting) <= self.config.max_num_seqs
+
+    def teardown(self) -> None:
+        if self.configured:
+            self._drain()
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
