@@ -80,7 +80,9 @@ class Tokenizer:
         template = env.from_string(self.chat_template)
         special = {
             "bos_token": self._token_or_empty(self.bos_token_id),
-            "eos_token": self._token_or_empty(self.eos_token_ids[0] if self.eos_token_ids else None),
+            "eos_token": self._token_or_empty(
+                self.eos_token_ids[0] if self.eos_token_ids else None
+            ),
         }
         return template.render(
             messages=messages, add_generation_prompt=add_generation_prompt, **special

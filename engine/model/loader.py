@@ -206,7 +206,9 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tenso
 # ---- Hugging Face directory ----------------------------------------------------------------
 
 
-def _read_hf_dir(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], Tokenizer | None]:
+def _read_hf_dir(
+    path: Path,
+) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], Tokenizer | None]:
     from safetensors import safe_open
 
     config_file = path / "config.json"
