@@ -1,0 +1,143 @@
+"""The offline API's contract: vLLM-shaped outputs, stop conditions, sampling, aborts, errors."""
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.config import EngineConfig
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM("tiny-llama", dtype="float32", max_num_seqs=8, num_kv_blocks=40)
+
+
+def greedy(max_tokens: int, **kw: object) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)  # type: ignore[arg-type]
+
+
+def test_outputs_come_back_in_prompt_order_with_timing(llm: LLM) -> None:
+    prompts = [[5, 6, 7], [9] * 30, [100, 200]]
+    outs = llm.generate(prompts, greedy(5, ignore_eos=True))
+    assert [o.prompt_token_ids for o in outs] == prompts
+    for o in outs:
+        assert o.finished and len(o.outputs[0].token_ids) == 5
+        assert o.outputs[0].finish_reason == "length"
+        m = o.metrics
+        assert m.first_token_time is not None and m.finish_time is not None
+        assert m.arrival_time <= m.first_token_time <= m.finish_time
+
+
+def test_eos_stops_generation_unless_ignored(llm: LLM) -> None:
+    prompt = [7, 8, 9]
+    free = llm.generate([prompt], greedy(12, ignore_eos=True))[0].outputs[0].token_ids
+    eos = free[3]
+    engine = llm.llm_engine
+    engine.eos_token_ids = (eos,)
+    try:
+        out = llm.generate([prompt], greedy(12))[0].outputs[0]
+        assert out.token_ids == free[: free.index(eos) + 1]
+        assert out.finish_reason == "stop" and out.stop_reason is None
+        ignored = llm.generate([prompt], greedy(12, ignore_eos=True))[0].outputs[0]
+        assert ignored.token_ids == free
+    finally:
+        engine.eos_token_ids = (1,)
+
+
+def test_stop_token_ids_stop_and_are_reported(llm: LLM) -> None:
+    prompt = [11, 12, 13]
+    free = llm.generate([prompt], greedy(10, ignore_eos=True))[0].outputs[0].token_ids
+    stop = free[4]
+    out = llm.generate([prompt], greedy(10, ignore_eos=True, stop_token_ids=[stop]))[0].outputs[0]
+    assert out.token_ids == free[: free.index(stop) + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+
+
+def test_same_seed_same_sample_regardless_of_batch(llm: LLM) -> None:
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=42, ignore_eos=True)
+    alone = llm.generate([[3, 4, 5]], params)[0].outputs[0].token_ids
+    crowd = llm.generate([[9, 9], [3, 4, 5], [1, 2, 3, 4]], [greedy(20, ignore_eos=True), params, params])
+    assert crowd[1].outputs[0].token_ids == alone
+    other = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+    assert llm.generate([[3, 4, 5]], other)[0].outputs[0].token_ids != alone
+
+
+def test_top_k_one_is_greedy(llm: LLM) -> None:
+    prompt = [21, 22, 23]
+    g = llm.generate([prompt], greedy(8, ignore_eos=True))[0].outputs[0].token_ids
+    k1 = SamplingParams(max_tokens=8, temperature=5.0, top_k=1, seed=1, ignore_eos=True)
+    assert llm.generate([prompt], k1)[0].outputs[0].token_ids == g
+
+
+def test_abort_frees_blocks_at_once(llm: LLM) -> None:
+    engine = llm.llm_engine
+    engine.add_request("a", [5] * 40, greedy(50, ignore_eos=True))
+    engine.add_request("b", [6] * 40, greedy(3, ignore_eos=True))
+    engine.step()
+    assert engine.stats()["kv_blocks_used"] > 0
+    out = engine.abort_request("a")
+    assert out is not None and out.finished and out.outputs[0].finish_reason == "abort"
+    assert engine.stats()["kv_blocks_used"] == engine.kv.blocks_for(41)  # only b is left
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.stats()["kv_blocks_used"] == 0
+    assert engine.abort_request("a") is None
+
+
+def test_stats_report_the_engine_state(llm: LLM) -> None:
+    stats = llm.llm_engine.stats()
+    for key in (
+        "num_running",
+        "num_waiting",
+        "kv_blocks_used",
+        "kv_blocks_total",
+        "num_preemptions",
+        "prefix_cache_hit_rate",
+        "last_step_num_tokens",
+    ):
+        assert key in stats
+    assert stats["kv_blocks_total"] == 40
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "match"),
+    [
+        ([], greedy(4), "empty"),
+        ([1, 2, 99999], greedy(4), "token ids"),
+        ([1] * 2000, greedy(4), "context length"),
+        ([1] * 900, greedy(200), "can never fit"),
+        ("text", greedy(4), "no tokenizer"),
+    ],
+)
+def test_bad_requests_are_rejected_clearly(llm: LLM, prompt: object, params: SamplingParams, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        llm.llm_engine.add_request("bad", prompt, params)  # type: ignore[arg-type]
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_bad_sampling_params_are_rejected() -> None:
+    for kw in ({"max_tokens": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_k": -2}, {"n": 2}):
+        with pytest.raises(ValueError):
+            SamplingParams(**kw)  # type: ignore[arg-type]
+
+
+def test_unknown_engine_argument_is_named() -> None:
+    with pytest.raises(TypeError, match="max_num_seq"):
+        EngineConfig.from_kwargs("tiny-llama", max_num_seq=4)
+    with pytest.raises(ValueError, match="batching"):
+        EngineConfig.from_kwargs("tiny-llama", batching="dynamic")
+
+
+@pytest.mark.slow
+def test_stop_strings_cut_the_text_on_a_real_tokenizer() -> None:
+    smol = LLM("smollm2-135m", dtype="float32", max_num_seqs=4)
+    prompt = "The capital of France is"
+    free = smol.generate([prompt], greedy(12))[0].outputs[0]
+    tokenizer = smol.get_tokenizer()
+    assert tokenizer is not None
+    assert free.text == tokenizer.decode(free.token_ids)
+    assert "\n" in free.text
+    head = free.text[: free.text.index("\n")]
+    cut = smol.generate([prompt], greedy(12, stop=["\n"]))[0].outputs[0]
+    assert (cut.text, cut.finish_reason, cut.stop_reason) == (head, "stop", "\n")
+    kept = smol.generate([prompt], greedy(12, stop=["\n"], include_stop_str_in_output=True))
+    assert kept[0].outputs[0].text == head + "\n"
