@@ -27,7 +27,9 @@ def main() -> None:
 
 @app.command()
 def generate(
-    prompts: Annotated[list[str] | None, typer.Argument(help="prompts (default: a few demos)")] = None,
+    prompts: Annotated[
+        list[str] | None, typer.Argument(help="prompts (default: a few demos)")
+    ] = None,
     model: str = "smollm2-135m",
     max_tokens: int = 48,
     temperature: float = 0.0,

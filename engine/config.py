@@ -44,7 +44,9 @@ class CacheConfig:
 class SchedulerConfig:
     batching: Batching = "continuous"
     max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = None  # default: 2048 chunked, else max(2048, max_model_len)
+    max_num_batched_tokens: int | None = (
+        None  # default: 2048 chunked, else max(2048, max_model_len)
+    )
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # >0: a prefill chunk never exceeds this many tokens
     policy: Literal["fcfs"] = "fcfs"
@@ -65,9 +67,13 @@ class EngineConfig:
         """Build from vLLM-style flat engine args (`max_num_seqs=8, block_size=16, ...`)."""
         cfg = cls(model=model)
         for name, value in kwargs.items():
-            target = next((o for o in (cfg, cfg.cache, cfg.scheduler) if name in _arg_names(o)), None)
+            target = next(
+                (o for o in (cfg, cfg.cache, cfg.scheduler) if name in _arg_names(o)), None
+            )
             if target is None:
-                raise TypeError(f"unknown engine argument {name!r}; known: {sorted(engine_arg_names())}")
+                raise TypeError(
+                    f"unknown engine argument {name!r}; known: {sorted(engine_arg_names())}"
+                )
             setattr(target, name, value)
         cfg.validate()
         return cfg
@@ -107,7 +113,9 @@ class EngineConfig:
                     f"({block_bytes} bytes each)"
                 )
             by_need = s.max_num_seqs * math.ceil(self.max_model_len / c.block_size)
-            c.num_kv_blocks = by_memory if c.kv_cache_memory_gb is not None else min(by_memory, by_need)
+            c.num_kv_blocks = (
+                by_memory if c.kv_cache_memory_gb is not None else min(by_memory, by_need)
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -55,7 +55,9 @@ def test_stop_token_ids_stop_and_are_reported(llm: LLM) -> None:
 def test_same_seed_same_sample_regardless_of_batch(llm: LLM) -> None:
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=42, ignore_eos=True)
     alone = llm.generate([[3, 4, 5]], params)[0].outputs[0].token_ids
-    crowd = llm.generate([[9, 9], [3, 4, 5], [1, 2, 3, 4]], [greedy(20, ignore_eos=True), params, params])
+    crowd = llm.generate(
+        [[9, 9], [3, 4, 5], [1, 2, 3, 4]], [greedy(20, ignore_eos=True), params, params]
+    )
     assert crowd[1].outputs[0].token_ids == alone
     other = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
     assert llm.generate([[3, 4, 5]], other)[0].outputs[0].token_ids != alone
@@ -108,7 +110,9 @@ def test_stats_report_the_engine_state(llm: LLM) -> None:
         ("text", greedy(4), "no tokenizer"),
     ],
 )
-def test_bad_requests_are_rejected_clearly(llm: LLM, prompt: object, params: SamplingParams, match: str) -> None:
+def test_bad_requests_are_rejected_clearly(
+    llm: LLM, prompt: object, params: SamplingParams, match: str
+) -> None:
     with pytest.raises(ValueError, match=match):
         llm.llm_engine.add_request("bad", prompt, params)  # type: ignore[arg-type]
     assert not llm.llm_engine.has_unfinished_requests()

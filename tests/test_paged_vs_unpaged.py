@@ -40,9 +40,13 @@ def unpaged_greedy(model: LlamaForCausalLM, prompt: list[int], n: int) -> list[i
 
 def test_tiny_model_paged_equals_unpaged_greedy() -> None:
     for name in ("tiny-llama", "tiny-llama-untied"):
-        llm = LLM(name, dtype="float32", max_num_seqs=8, num_kv_blocks=128, max_num_batched_tokens=64)
+        llm = LLM(
+            name, dtype="float32", max_num_seqs=8, num_kv_blocks=128, max_num_batched_tokens=64
+        )
         g = torch.Generator().manual_seed(1)
-        prompts = [torch.randint(2, 512, (n,), generator=g).tolist() for n in (1, 5, 16, 17, 40, 100)]
+        prompts = [
+            torch.randint(2, 512, (n,), generator=g).tolist() for n in (1, 5, 16, 17, 40, 100)
+        ]
         params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
         outs = llm.generate(prompts, params)
         model = llm.llm_engine.runner.model

@@ -39,7 +39,9 @@ def hf_runs(gguf_path: Path) -> list[tuple[list[int], list[int], torch.Tensor]]:
     model = transformers.AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
     )
-    tok = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    tok = transformers.AutoTokenizer.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name
+    )
     # Generate exactly NEW_TOKENS without masking EOS (min_new_tokens would suppress it, while
     # ignore_eos, like vLLM's, only keeps going past it).
     model.generation_config.eos_token_id = None

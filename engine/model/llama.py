@@ -39,7 +39,11 @@ class RMSNorm(nn.Module):
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
@@ -159,4 +163,6 @@ class LlamaForCausalLM(nn.Module):
         pieces = {"qkv_proj": 3, "gate_up_proj": 2}
         missing = [p for p in params if pieces_loaded[p] != pieces.get(p.split(".")[-2], 1)]
         if missing:
-            raise ValueError(f"checkpoint lacks tensors for {len(missing)} weights, e.g. {missing[:3]}")
+            raise ValueError(
+                f"checkpoint lacks tensors for {len(missing)} weights, e.g. {missing[:3]}"
+            )
