@@ -103,9 +103,11 @@ class ModelRunner:
         p_first = np.cumsum(pq) - pq
         gather = np.where(real, p_first[:, None] + qi[None, :], 0)
         scatter = (np.arange(len(pq))[:, None] * q_max + qi[None, :])[real]
-        q_pos = starts[nd:, None] + np.minimum(qi[None, :], pq[:, None] - 1)
-        p_keys = np.arange(p_blocks * bs)
-        p_mask = (p_keys[None, None, :] <= q_pos[:, :, None])[:, None, :, :]
+        p_mask = None
+        if starts[nd:].any():
+            q_pos = starts[nd:, None] + np.minimum(qi[None, :], pq[:, None] - 1)
+            p_keys = np.arange(p_blocks * bs)
+            p_mask = t((p_keys[None, None, :] <= q_pos[:, :, None])[:, None, :, :])
 
         meta = AttentionMetadata(
             slot_mapping=t(slots),
@@ -115,7 +117,7 @@ class ModelRunner:
             prefill_block_tables=t(tables[nd:, :p_blocks]),
             prefill_gather=t(gather),
             prefill_scatter=t(scatter),
-            prefill_mask=t(p_mask),
+            prefill_mask=p_mask,
         )
         input_ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
         return input_ids, t(pos), meta

@@ -37,6 +37,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.ids = itertools.count()
         self.live: list[Request] = []  # in arrival order
         self.arrival: dict[str, int] = {}
+        self.batch: set[str] = set()  # static batching: the ids of the current batch
         self.configured = False
 
     @initialize(
@@ -70,6 +71,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.kv = KVCacheManager(num_blocks, block_size)
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
+        self.budget = max_num_batched_tokens
         self.configured = True
 
     # ---- helpers -----------------------------------------------------------------------
@@ -78,15 +80,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         """One engine iteration without a model; checks the per-step limits on the way."""
         sched = self.scheduler
         out = sched.schedule()
-        assert out.num_batched_tokens <= self.config.max_num_batched_tokens  # type: ignore[operator]
+        assert out.num_batched_tokens <= self.budget
         assert all(n >= 1 for _, n in out.scheduled)
         scheduled_ids = [r.request_id for r, _ in out.scheduled]
         assert len(scheduled_ids) == len(set(scheduled_ids)), "a request scheduled twice"
         assert len(sched.running) <= self.config.max_num_seqs
         assert all(r.status == RequestStatus.RUNNING for r, _ in out.scheduled)
         assert not {r.request_id for r in out.preempted} & set(scheduled_ids)
+        cfg = self.config
+        whole_prompts = not cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold == 0
         for req, n in out.scheduled:
             assert req.num_computed_tokens + n <= req.num_tokens
+            if whole_prompts and req.num_computed_tokens == 0 and req.num_tokens <= self.budget:
+                assert n == req.num_tokens, "a prompt was split without chunked prefill"
+        if self.config.batching == "static":
+            self._check_static_batch()
         sched.advance(out)
         for req, _ in out.scheduled:
             if req.num_computed_tokens == req.num_tokens:
@@ -96,6 +104,17 @@ class SchedulerMachine(RuleBasedStateMachine):
                     or req.num_tokens >= self.max_model_len
                 ):
                     self._finish(req, FinishReason.LENGTH)
+
+    def _check_static_batch(self) -> None:
+        """A new static batch starts only once every member of the previous one finished."""
+        sched = self.scheduler
+        members = {r.request_id for r in (*sched.running, *sched.batch_waiting)}
+        if members - self.batch:
+            live_ids = {r.request_id for r in self.live}
+            assert not self.batch & live_ids, "a new batch started before the last one finished"
+            assert not members & self.batch
+            assert len(members) <= self.config.max_num_seqs
+            self.batch = members
 
     def _finish(self, req: Request, reason: FinishReason) -> None:
         self.scheduler.finish(req, reason)
@@ -115,34 +134,52 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.kv.pool.num_free == self.kv.num_blocks
         assert not self.kv.block_tables
 
-    # ---- rules -------------------------------------------------------------------------
-
-    @rule(data=st.data(), max_tokens=st.integers(1, 64))
-    def add_request(self, data: st.DataObject, max_tokens: int) -> None:
-        # Prompts up to the whole cache: some fit together, some crowd each other out.
-        capacity = self.kv.num_blocks * self.kv.block_size
-        prompt_len = data.draw(st.integers(1, capacity), label="prompt_len")
+    def _add(self, prompt_len: int, max_tokens: int) -> None:
+        budget = self.budget
+        worst = min(prompt_len + max_tokens, self.max_model_len)
+        never_fits = (
+            prompt_len >= self.max_model_len
+            or (not self.config.enable_chunked_prefill and prompt_len > budget)
+            or self.kv.blocks_for(worst) > self.kv.num_blocks
+        )
         try:
             self.scheduler.check_fits(prompt_len, max_tokens)
         except ValueError:
-            budget = self.config.max_num_batched_tokens
-            assert budget is not None
-            worst = min(prompt_len + max_tokens, self.max_model_len)
-            assert (
-                prompt_len >= self.max_model_len
-                or (not self.config.enable_chunked_prefill and prompt_len > budget)
-                or self.kv.blocks_for(worst) > self.kv.num_blocks
-            )
+            assert never_fits
             return
+        assert not never_fits
         rid = f"r{next(self.ids)}"
         req = Request(rid, [1] * prompt_len, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
         self.arrival[rid] = len(self.arrival)
         self.live.append(req)
         self.scheduler.add(req)
 
+    def _prompt_lengths(self) -> st.SearchStrategy[int]:
+        # Up to the whole cache: small ones share it, large ones crowd each other out.
+        capacity = self.kv.num_blocks * self.kv.block_size
+        return st.one_of(st.integers(1, max(1, capacity // 4)), st.integers(1, capacity))
+
+    # ---- rules -------------------------------------------------------------------------
+
+    @rule(data=st.data(), max_tokens=st.integers(1, 64))
+    def add_request(self, data: st.DataObject, max_tokens: int) -> None:
+        self._add(data.draw(self._prompt_lengths(), label="prompt_len"), max_tokens)
+
+    @rule(data=st.data(), max_tokens=st.lists(st.integers(1, 64), min_size=2, max_size=5))
+    def add_several_requests(self, data: st.DataObject, max_tokens: list[int]) -> None:
+        for n in max_tokens:
+            self._add(data.draw(self._prompt_lengths(), label="prompt_len"), n)
+
     @rule()
     def step(self) -> None:
         self._step()
+
+    @rule(n=st.integers(2, 12))
+    def step_several_times(self, n: int) -> None:
+        for _ in range(n):
+            self._step()
+            self.check_block_accounting()
+            self.check_request_states()
 
     @precondition(lambda self: bool(self.live))
     @rule(data=st.data())
@@ -214,11 +251,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             self._drain()
 
 
-TestSchedulerMachine = SchedulerMachine.TestCase
-TestSchedulerMachine.settings = settings(
-    max_examples=150,
+TestRandomTrafficKeepsKVAccountingExactAndDrains = SchedulerMachine.TestCase
+TestRandomTrafficKeepsKVAccountingExactAndDrains.settings = settings(
+    max_examples=100,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-

@@ -24,7 +24,9 @@ class AttentionMetadata:
     prefill_block_tables: torch.Tensor  # [Bp, nb] int64
     prefill_gather: torch.Tensor  # [Bp, Qp] index of each padded query among prefill tokens
     prefill_scatter: torch.Tensor  # [Tp] index of each prefill token in the flat [Bp * Qp]
-    prefill_mask: torch.Tensor  # [Bp, 1, Qp, nb * block_size] bool: causal and in context
+    prefill_mask: torch.Tensor | None  # [Bp, 1, Qp, nb * block_size] bool: causal, in context
+    # None when every prefill chunk starts at position 0: then plain causal masking is exact
+    # for real query rows, and SDPA's causal kernel is much faster than an explicit mask.
 
 
 def write_kv_cache(
@@ -67,7 +69,13 @@ def paged_attention(
         k = _gather(k_cache, meta.prefill_block_tables)
         v = _gather(v_cache, meta.prefill_block_tables)
         o = F.scaled_dot_product_attention(
-            qpad, k, v, attn_mask=meta.prefill_mask, scale=scale, enable_gqa=True
+            qpad,
+            k,
+            v,
+            attn_mask=meta.prefill_mask,
+            is_causal=meta.prefill_mask is None,
+            scale=scale,
+            enable_gqa=True,
         )
         out[nd:] = o.transpose(1, 2).reshape(bp * qp, num_heads, head_dim)[meta.prefill_scatter]
     return out
