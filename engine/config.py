@@ -48,7 +48,7 @@ class SchedulerConfig:
         None  # default: 2048 chunked, else max(2048, max_model_len)
     )
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # >0: a prefill chunk never exceeds this many tokens
+    long_prefill_token_threshold: int = 0  # >0 (chunked prefill only): cap on one prefill chunk
     policy: Literal["fcfs"] = "fcfs"
 
 

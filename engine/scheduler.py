@@ -114,7 +114,7 @@ class Scheduler:
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = req.num_tokens - req.num_computed_tokens
         threshold = self.config.long_prefill_token_threshold
-        if 0 < threshold < n:
+        if self.config.enable_chunked_prefill and 0 < threshold < n:
             n = threshold
         if n <= budget:
             return n

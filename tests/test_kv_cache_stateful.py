@@ -256,5 +256,6 @@ TestRandomTrafficKeepsKVAccountingExactAndDrains.settings = settings(
     max_examples=100,
     stateful_step_count=40,
     deadline=None,
+    report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow],
 )
