@@ -12,10 +12,13 @@ from engine.request import Request
 
 
 def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> list[int]:
-    """logits: [N, vocab] float32, one row per request. Returns one token id per row."""
+    """logits: [N, vocab], one row per request. Returns one token id per row."""
+    # Argmax needs no upcast (bf16 -> fp32 is exact), and skipping it saves a
+    # [N, vocab] float32 copy every step.
     greedy = logits.argmax(dim=-1)
     if all(r.params.greedy for r in requests):
         return greedy.tolist()
+    logits = logits.float()
     device = logits.device
     params = [r.params for r in requests]
     temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)

@@ -72,7 +72,7 @@ def our_runs(monkeypatch_module: pytest.MonkeyPatch) -> tuple[list, dict[str, li
 
     def recording_sample(logits, requests, generator):  # type: ignore[no-untyped-def]
         for row, req in zip(logits, requests, strict=True):
-            logits_by_request.setdefault(req.request_id, []).append(row.clone())
+            logits_by_request.setdefault(req.request_id, []).append(row.float())
         return real_sample(logits, requests, generator)
 
     monkeypatch_module.setattr(engine.runner, "sample", recording_sample)

@@ -123,7 +123,7 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)  # [T, hidden]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()  # [N, vocab]
+        return self.lm_head(hidden)  # [N, vocab], model dtype: the sampler upcasts what it needs
 
     def load_hf_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors named as in a Hugging Face Llama checkpoint into the fused layout."""
