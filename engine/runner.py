@@ -27,7 +27,7 @@ class ModelRunner:
         self.block_size = block_size
         p = model.embed_tokens.weight
         self.device, self.dtype = p.device, p.dtype
-        shape = (num_blocks, block_size, model_config.num_kv_heads, model_config.head_dim)
+        shape = (model_config.num_kv_heads, num_blocks, block_size, model_config.head_dim)
         # Zeros, not empty: masked-out slots are still multiplied by 0, and 0 * NaN is NaN.
         self.kv_caches: list[KVCache] = [
             (

@@ -23,7 +23,7 @@ from engine.ops import (
     write_kv_cache,
 )
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # [num_blocks, block_size, kv_heads, head_dim] each
+KVCache = tuple[torch.Tensor, torch.Tensor]  # [kv_heads, num_blocks, block_size, head_dim] each
 
 
 class RMSNorm(nn.Module):
