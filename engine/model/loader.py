@@ -193,7 +193,10 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tenso
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
         for t in reader.tensors:
-            w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+            # A plain ndarray view: on the memmap subclass every row slice the dequantizer
+            # takes runs memmap.__array_finalize__ (a third of the load time).
+            raw = t.data.view(np.ndarray)
+            w = gguf.quants.dequantize(raw, t.tensor_type).astype(np.float32, copy=False)
             if t.name.endswith("attn_q.weight"):
                 w = unpermute_rope(w, cfg.num_heads)
             elif t.name.endswith("attn_k.weight"):
