@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,27 @@ def main() -> None:
     """servebench: benchmark and profile LLM serving."""
 
 
+# Engine options, shared by every command that starts the engine (names as in LLM(...)).
+Dtype = Annotated[str, typer.Option(help="bfloat16 | float32")]
+Device = Annotated[str, typer.Option(help="auto | cpu | cuda")]
+Batching = Annotated[str, typer.Option(help="continuous | static")]
+MaxNumSeqs = Annotated[int, typer.Option(help="requests running at once")]
+MaxBatchedTokens = Annotated[int | None, typer.Option(help="token budget of one step")]
+ChunkedPrefill = Annotated[bool, typer.Option(help="cut long prompts into chunks")]
+PrefillThreshold = Annotated[int, typer.Option(help="cap on one prefill chunk (0: off)")]
+BlockSize = Annotated[int, typer.Option(help="tokens per KV block")]
+NumKVBlocks = Annotated[int | None, typer.Option(help="KV blocks (wins over the memory budget)")]
+KVMemory = Annotated[float | None, typer.Option(help="KV-cache memory budget in GiB")]
+MaxModelLen = Annotated[int | None, typer.Option(help="longest prompt + output")]
+
+
+def engine_args(options: dict[str, Any]) -> dict[str, Any]:
+    from engine.config import engine_arg_names
+
+    names = engine_arg_names()
+    return {k: v for k, v in options.items() if k in names}
+
+
 @app.command()
 def generate(
     prompts: Annotated[
@@ -35,35 +56,23 @@ def generate(
     temperature: float = 0.0,
     seed: int = 0,
     chat: Annotated[bool, typer.Option(help="wrap each prompt in the chat template")] = True,
-    dtype: str = "bfloat16",
-    device: str = "auto",
-    batching: str = "continuous",
-    max_num_seqs: int = 64,
-    max_num_batched_tokens: int | None = None,
-    enable_chunked_prefill: bool = True,
-    long_prefill_token_threshold: int = 0,
-    block_size: int = 16,
-    num_kv_blocks: int | None = None,
-    kv_cache_memory_gb: float | None = None,
+    dtype: Dtype = "bfloat16",
+    device: Device = "auto",
+    batching: Batching = "continuous",
+    max_num_seqs: MaxNumSeqs = 64,
+    max_num_batched_tokens: MaxBatchedTokens = None,
+    enable_chunked_prefill: ChunkedPrefill = True,
+    long_prefill_token_threshold: PrefillThreshold = 0,
+    block_size: BlockSize = 16,
+    num_kv_blocks: NumKVBlocks = None,
+    kv_cache_memory_gb: KVMemory = None,
+    max_model_len: MaxModelLen = None,
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(
-        model,
-        dtype=dtype,
-        device=device,
-        seed=seed,
-        batching=batching,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        enable_chunked_prefill=enable_chunked_prefill,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        block_size=block_size,
-        num_kv_blocks=num_kv_blocks,
-        kv_cache_memory_gb=kv_cache_memory_gb,
-    )
+    llm = LLM(model, **engine_args(locals()))
     load_s = time.perf_counter() - t0
     texts = prompts or DEFAULT_PROMPTS
     tokenizer = llm.get_tokenizer()
@@ -104,3 +113,43 @@ def generate(
         f"request had reserved the full context ({llm.llm_engine.max_model_len} tokens) "
         f"contiguously"
     )
+
+
+@app.command()
+def serve(
+    model: str = "smollm2-135m",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: Annotated[str | None, typer.Option(help="name in the API")] = None,
+    api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY'")] = None,
+    max_queue: Annotated[int, typer.Option(help="waiting requests beyond this get 429")] = 256,
+    seed: int = 0,
+    dtype: Dtype = "bfloat16",
+    device: Device = "auto",
+    batching: Batching = "continuous",
+    max_num_seqs: MaxNumSeqs = 64,
+    max_num_batched_tokens: MaxBatchedTokens = None,
+    enable_chunked_prefill: ChunkedPrefill = True,
+    long_prefill_token_threshold: PrefillThreshold = 0,
+    block_size: BlockSize = 16,
+    num_kv_blocks: NumKVBlocks = None,
+    kv_cache_memory_gb: KVMemory = None,
+    max_model_len: MaxModelLen = None,
+) -> None:
+    """Serve the bundled engine over an OpenAI-compatible HTTP API."""
+    import logging
+
+    from aiohttp import web
+
+    from engine.async_engine import AsyncLLMEngine
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.server import build_app
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
+    app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue)
+    console.print(f"serving {model} on http://{host}:{port}/v1 ({engine.kv.num_blocks} KV blocks)")
+    web.run_app(app, host=host, port=port, print=None, shutdown_timeout=10)

@@ -74,9 +74,22 @@ class LLMEngine:
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
     ) -> Request:
-        params = params or SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        req = self.make_request(request_id, prompt, params, arrival_time)
+        self.add(req)
+        return req
+
+    def make_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> Request:
+        """Tokenize and validate without touching engine state: safe from another thread
+        while a step runs (the async engine validates on the event loop)."""
+        params = params or SamplingParams()
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"model {self.config.model!r} has no tokenizer: pass token ids")
@@ -90,12 +103,17 @@ class LLMEngine:
         if any(not isinstance(i, int) or not 0 <= i < vocab for i in ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         self.scheduler.check_fits(len(ids), params.max_tokens)
-        req = Request(request_id, ids, params, text, arrival_time, self.eos_token_ids)
-        self.requests[request_id] = req
+        return Request(request_id, ids, params, text, arrival_time, self.eos_token_ids)
+
+    def add(self, req: Request) -> None:
+        """Queue a request built by `make_request`."""
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in use")
+        self.requests[req.request_id] = req
         if self.tokenizer is not None:
-            self._detokenizers[request_id] = IncrementalDetokenizer(self.tokenizer, ids)
+            detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids)
+            self._detokenizers[req.request_id] = detok
         self.scheduler.add(req)
-        return req
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         req = self.requests.get(request_id)
@@ -103,6 +121,15 @@ class LLMEngine:
             return None
         self._finish(req, FinishReason.ABORT)
         return RequestOutput.of(req, [])
+
+    def fail_running(self, error: str) -> list[RequestOutput]:
+        """After a step raised, its requests' state is unknown: end them with the error."""
+        outputs = []
+        for req in list(self.scheduler.running):
+            req.error = error
+            self._finish(req, FinishReason.ERROR, flush=False)
+            outputs.append(RequestOutput.of(req, []))
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()

@@ -1,0 +1,138 @@
+"""The engine loop on its own thread, so the event loop stays responsive while a step
+computes; each request gets an async stream of outputs.
+
+Only the engine thread touches the `LLMEngine`: new requests (validated on the event loop
+with `make_request`) and aborts reach it through a locked inbox drained before every step."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from engine.engine import LLMEngine
+from engine.prom import Histogram
+from engine.request import Request, RequestOutput, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineStepError(RuntimeError):
+    pass
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._inbox_lock = threading.Lock()
+        self._new: list[Request] = []
+        self._aborts: list[str] = []
+        self._wake = threading.Event()
+        self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.stats: dict[str, Any] = engine.stats()  # refreshed by the engine thread
+        self.step_time_s = Histogram()
+
+    @property
+    def num_waiting(self) -> int:
+        return int(self.stats["num_waiting"]) + len(self._new)
+
+    @property
+    def num_in_flight(self) -> int:
+        return len(self._streams)
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Abort what is in flight, then stop the engine thread."""
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+
+    def generate(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams
+    ) -> AsyncIterator[RequestOutput]:
+        """Validate now (ValueError for a bad request), then stream the request's outputs.
+        Closing the stream early (a client gone) aborts the request."""
+        if request_id in self._streams:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = self.engine.make_request(request_id, prompt, params)
+        queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
+        self._streams[request_id] = queue
+        with self._inbox_lock:
+            self._new.append(req)
+        self._wake.set()
+        return self._stream(request_id, queue)
+
+    async def _stream(
+        self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception]
+    ) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._streams.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._inbox_lock:
+            self._aborts.append(request_id)
+        self._wake.set()
+
+    # ---- engine thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping:
+            with self._inbox_lock:
+                new, self._new = self._new, []
+                aborts, self._aborts = self._aborts, []
+            dropped = set(aborts)  # a client that left before its request was even added
+            for req in new:
+                if req.request_id not in dropped:
+                    engine.add(req)
+            for request_id in aborts:
+                engine.abort_request(request_id)
+            if not engine.has_unfinished_requests():
+                self.stats = engine.stats()
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            t0 = time.perf_counter()
+            try:
+                outputs = engine.step()
+            except Exception as e:  # fail this step's requests, keep serving the rest
+                log.exception("engine step failed")
+                outputs = engine.fail_running(f"engine step failed: {type(e).__name__}: {e}")
+            self.step_time_s.observe(time.perf_counter() - t0)
+            self.stats = engine.stats()
+            if outputs:
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._deliver, outputs)
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            queue = self._streams.get(out.request_id)
+            if queue is None:
+                continue  # the client left; its abort is on the way
+            if out.error is not None:
+                queue.put_nowait(EngineStepError(out.error))
+            else:
+                queue.put_nowait(out)

@@ -1,0 +1,174 @@
+"""Parsing and validating OpenAI-style request bodies; every problem becomes an `APIError`
+that the server turns into a 4xx with an OpenAI-shaped error body."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.request import SamplingParams
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.type = type_
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+@dataclass(slots=True)
+class ParsedRequest:
+    prompts: list[str | list[int]]  # one entry per choice (a completions prompt list)
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    max_tokens_given: bool
+
+
+def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: Any) -> Any:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    # bool is an int subclass: never accept true/false where a number is meant
+    if isinstance(value, bool) and bool not in types:
+        raise APIError(f"'{name}' must be {_names(types)}, got a boolean", param=name)
+    if not isinstance(value, types):
+        raise APIError(f"'{name}' must be {_names(types)}, got {type(value).__name__}", param=name)
+    return value
+
+
+def _names(types: tuple[type, ...]) -> str:
+    return " or ".join({int: "an integer", float: "a number", bool: "a boolean", str: "a string",
+                        list: "a list", dict: "an object"}[t] for t in types)  # fmt: skip
+
+
+def _prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise APIError("'prompt' is required", param="prompt")
+    if isinstance(prompt, str):
+        prompts: list[str | list[int]] = [prompt]
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        prompts = list(prompt)
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+        prompts = [list(prompt)]
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(p, list) and p and all(_is_int(t) for t in p) for p in prompt)
+    ):
+        prompts = [list(p) for p in prompt]
+    else:
+        raise APIError(
+            "'prompt' must be a non-empty string, a list of strings, a list of token ids, "
+            "or a list of token-id lists",
+            param="prompt",
+        )
+    if any(p == "" for p in prompts):
+        raise APIError("'prompt' must not be empty", param="prompt")
+    return prompts
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def parse_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list", param="messages")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise APIError(
+                f"messages[{i}] needs a role of system, user or assistant", param="messages"
+            )
+        content = m.get("content")
+        if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+            parts = [p.get("text") for p in content if isinstance(p, dict)]
+            if not all(isinstance(p, str) for p in parts) or len(parts) != len(content):
+                raise APIError(f"messages[{i}]: only text content is supported", param="messages")
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise APIError(f"messages[{i}].content must be a string", param="messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: bool) -> ParsedRequest:
+    n = _typed(body, "n", (int,), 1)
+    if n != 1:
+        raise APIError("only n=1 is supported (no parallel sampling yet)", param="n")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
+        raise APIError("logprobs are not supported", param="logprobs")
+    if body.get("echo"):
+        raise APIError("echo is not supported", param="echo")
+    if body.get("best_of") not in (None, 1):
+        raise APIError("best_of is not supported", param="best_of")
+    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+    max_tokens = None
+    for name in names:
+        max_tokens = _typed(body, name, (int,), None)
+        if max_tokens is not None:
+            if max_tokens < 1:
+                raise APIError(f"'{name}' must be at least 1, got {max_tokens}", param=name)
+            break
+    temperature = float(_typed(body, "temperature", (int, float), 1.0))
+    if not 0.0 <= temperature <= 2.0:
+        raise APIError(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
+    top_p = float(_typed(body, "top_p", (int, float), 1.0))
+    if not 0.0 < top_p <= 1.0:
+        raise APIError(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
+    top_k = _typed(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise APIError(f"'top_k' must be -1 (off), 0 (off) or positive, got {top_k}", param="top_k")
+    seed = _typed(body, "seed", (int,), None)
+    stop = body.get("stop")
+    if stop is None:
+        stop = []
+    elif isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise APIError("'stop' must be a non-empty string or a list of them", param="stop")
+    stop_token_ids = _typed(body, "stop_token_ids", (list,), [])
+    if not all(_is_int(t) for t in stop_token_ids):
+        raise APIError("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    stream = _typed(body, "stream", (bool,), False)
+    stream_options = _typed(body, "stream_options", (dict,), {})
+    params = SamplingParams(
+        max_tokens=max_tokens or 16,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        stop=stop,
+        stop_token_ids=stop_token_ids,
+        ignore_eos=_typed(body, "ignore_eos", (bool,), False),
+        include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False),
+    )
+    include_usage = bool(stream_options.get("include_usage", False))
+    return ParsedRequest(prompts, params, stream, include_usage, max_tokens is not None)
+
+
+def parse_completion(body: dict[str, Any]) -> ParsedRequest:
+    return parse_common(body, _prompts(body), chat=False)

@@ -1,0 +1,28 @@
+"""A cumulative Prometheus histogram, rendered in the text exposition format."""
+
+from __future__ import annotations
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...] = LATENCY_BUCKETS) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.total += 1
+        self.sum += value
+        for i, b in enumerate(self.buckets):
+            if value <= b:
+                self.counts[i] += 1
+
+    def render(self, name: str, help_: str) -> list[str]:
+        lines = [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+        for b, c in zip(self.buckets, self.counts, strict=True):
+            lines.append(f'{name}_bucket{{le="{b}"}} {c}')
+        lines.append(f'{name}_bucket{{le="+Inf"}} {self.total}')
+        lines += [f"{name}_sum {self.sum}", f"{name}_count {self.total}"]
+        return lines

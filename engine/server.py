@@ -1,0 +1,387 @@
+"""An OpenAI-compatible HTTP server for the engine (aiohttp): /v1/completions and
+/v1/chat/completions (SSE streaming or not, with usage), /v1/models, /health, /metrics.
+
+Bad input never reaches the engine: it is answered 4xx with an OpenAI-style error body."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from engine.async_engine import AsyncLLMEngine, EngineStepError
+from engine.openai_protocol import (
+    APIError,
+    ParsedRequest,
+    parse_common,
+    parse_completion,
+    parse_messages,
+)
+from engine.prom import Histogram
+from engine.request import RequestOutput
+
+log = logging.getLogger(__name__)
+
+ENGINE_KEY = web.AppKey("engine", AsyncLLMEngine)
+STATE_KEY = web.AppKey("state", "ServerState")
+
+
+@dataclass
+class ServerState:
+    model_name: str
+    api_key: str | None
+    max_queue: int
+    started_at: float
+    config: dict[str, Any]
+    ttft_s: Histogram
+    requests_total: int = 0
+    rejected_total: int = 0
+
+
+def error_response(err: APIError) -> web.Response:
+    return web.json_response(err.body(), status=err.status)
+
+
+@web.middleware
+async def errors_and_auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    authorized = request.headers.get("Authorization", "") == f"Bearer {state.api_key}"
+    if state.api_key and request.path.startswith("/v1/") and not authorized:
+        err = APIError("invalid or missing API key", 401, type_="authentication_error")
+        return error_response(err)
+    try:
+        return await handler(request)
+    except APIError as e:
+        return error_response(e)
+    except web.HTTPException as e:
+        if e.status >= 400:
+            return error_response(APIError(e.reason, e.status, type_="invalid_request_error"))
+        raise
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(f"the body is not valid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise APIError("the body must be a JSON object")
+    return body
+
+
+def check_model(state: ServerState, body: dict[str, Any]) -> None:
+    model = body.get("model", state.model_name)
+    if model != state.model_name:
+        raise APIError(
+            f"the model {model!r} is not served here; use {state.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def check_capacity(request: web.Request) -> None:
+    engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
+    if engine.num_in_flight - int(engine.stats["num_running"]) >= state.max_queue:
+        state.rejected_total += 1
+        raise APIError(
+            f"the server's queue is full ({state.max_queue} waiting); retry later",
+            429,
+            type_="rate_limit_error",
+        )
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    body = await read_json(request)
+    check_model(state, body)
+    parsed = parse_completion(body)
+    return await serve(request, parsed, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
+    body = await read_json(request)
+    check_model(state, body)
+    messages = parse_messages(body)
+    tokenizer = engine.engine.tokenizer
+    if tokenizer is None or not tokenizer.chat_template:
+        raise APIError("this model has no chat template; use /v1/completions")
+    try:
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as e:
+        raise APIError(f"the chat template failed on these messages: {e}", param="messages") from e
+    parsed = parse_common(body, [prompt], chat=True)
+    if not parsed.max_tokens_given:  # like vLLM: whatever the context leaves
+        n_prompt = len(tokenizer.encode(prompt))
+        parsed.params.max_tokens = max(1, engine.engine.max_model_len - n_prompt)
+    return await serve(request, parsed, chat=True)
+
+
+async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.StreamResponse:
+    engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
+    check_capacity(request)
+    max_len = engine.engine.max_model_len
+    streams = []
+    base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    tokenizer = engine.engine.tokenizer
+    for i, prompt in enumerate(parsed.prompts):
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise APIError("this model has no tokenizer: send token ids", param="prompt")
+            prompt = tokenizer.encode(prompt)
+        if len(prompt) + parsed.params.max_tokens > max_len:
+            raise_context(len(prompt), parsed.params.max_tokens, max_len)
+        try:
+            streams.append(engine.generate(f"{base_id}-{i}", prompt, parsed.params))
+        except ValueError as e:
+            for s in streams:  # the earlier prompts of this request were queued: take them back
+                await s.aclose()  # type: ignore[attr-defined]
+            raise APIError(str(e), param="prompt") from e
+    state.requests_total += len(streams)
+    meta = {"id": base_id, "created": int(time.time()), "model": state.model_name}
+    if parsed.stream:
+        return await stream_response(request, streams, parsed, chat, meta)
+    return await full_response(streams, chat, meta)
+
+
+def raise_context(n_prompt: int, max_tokens: int, max_len: int) -> None:
+    raise APIError(
+        f"this model's maximum context length is {max_len} tokens; the request asks for "
+        f"{n_prompt + max_tokens} ({n_prompt} in the prompt, {max_tokens} to generate)",
+        param="max_tokens",
+        code="context_length_exceeded",
+    )
+
+
+async def merged(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Interleave several requests' outputs as they come; closing this closes them all."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in s:
+                await queue.put((i, out))
+            await queue.put((i, None))
+        except Exception as e:  # re-raised on the consumer side
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        open_ = len(tasks)
+        while open_:
+            i, item = await queue.get()
+            if item is None:
+                open_ -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            with contextlib.suppress(Exception):
+                await s.aclose()  # type: ignore[attr-defined]
+
+
+def usage(outputs: dict[int, RequestOutput]) -> dict[str, int]:
+    p = sum(len(o.prompt_token_ids) for o in outputs.values())
+    c = sum(len(o.outputs[0].token_ids) for o in outputs.values())
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+async def full_response(
+    streams: list[AsyncIterator[RequestOutput]], chat: bool, meta: dict[str, Any]
+) -> web.Response:
+    last: dict[int, RequestOutput] = {}
+    try:
+        async with contextlib.aclosing(merged(streams)) as outs:
+            async for i, out in outs:
+                last[i] = out
+    except EngineStepError as e:
+        raise APIError(str(e), 500, type_="server_error") from e
+    choices = []
+    for i in sorted(last):
+        c = last[i].outputs[0]
+        choice: dict[str, Any] = {
+            "index": i,
+            "finish_reason": c.finish_reason,
+            "stop_reason": c.stop_reason,
+            "logprobs": None,
+        }
+        if chat:
+            choice["message"] = {"role": "assistant", "content": c.text}
+        else:
+            choice["text"] = c.text
+        choices.append(choice)
+    obj = "chat.completion" if chat else "text_completion"
+    return web.json_response({**meta, "object": obj, "choices": choices, "usage": usage(last)})
+
+
+async def stream_response(
+    request: web.Request,
+    streams: list[AsyncIterator[RequestOutput]],
+    parsed: ParsedRequest,
+    chat: bool,
+    meta: dict[str, Any],
+) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    resp = web.StreamResponse(
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+    )
+    await resp.prepare(request)
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    sent_len: dict[int, int] = {}
+    last: dict[int, RequestOutput] = {}
+
+    async def send(payload: dict[str, Any] | str) -> None:
+        data = payload if isinstance(payload, str) else json.dumps(payload)
+        await resp.write(f"data: {data}\n\n".encode())
+
+    def chunk(i: int, text: str, finish: str | None, first: bool) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            choice: dict[str, Any] = {
+                "index": i,
+                "delta": delta,
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        else:
+            choice = {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
+        return {**meta, "object": obj, "choices": [choice]}
+
+    try:
+        async with contextlib.aclosing(merged(streams)) as outs:
+            async for i, out in outs:
+                first = i not in last
+                if first and out.metrics.first_token_time is not None:
+                    state.ttft_s.observe(out.metrics.first_token_time - out.metrics.arrival_time)
+                last[i] = out
+                c = out.outputs[0]
+                text = c.text[sent_len.get(i, 0) :]
+                sent_len[i] = len(c.text)
+                if text or out.finished or first:
+                    await send(chunk(i, text, c.finish_reason if out.finished else None, first))
+        if parsed.include_usage:
+            await send({**meta, "object": obj, "choices": [], "usage": usage(last)})
+        await send("[DONE]")
+    except EngineStepError as e:
+        await send(APIError(str(e), 500, type_="server_error").body())
+        await send("[DONE]")
+    except ConnectionResetError:  # aclosing() above has already aborted the request
+        log.info("client of %s went away; its request was aborted", meta["id"])
+        return resp
+    await resp.write_eof()
+    return resp
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def models(request: web.Request) -> web.Response:
+    engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
+    return web.json_response(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": int(state.started_at),
+                    "owned_by": "servebench",
+                    "max_model_len": engine.engine.max_model_len,
+                }
+            ],
+        }
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
+    s = engine.stats
+    gauges = {
+        "num_requests_running": ("gauge", s["num_running"], "requests in the running batch"),
+        "num_requests_waiting": (
+            "gauge",
+            engine.num_in_flight - s["num_running"],
+            "requests queued",
+        ),
+        "kv_blocks_used": ("gauge", s["kv_blocks_used"], "KV-cache blocks in use"),
+        "kv_blocks_total": ("gauge", s["kv_blocks_total"], "KV-cache blocks in the pool"),
+        "num_preemptions_total": ("counter", s["num_preemptions"], "preemptions (recompute)"),
+        "prompt_tokens_total": ("counter", s["prompt_tokens_total"], "prompt tokens prefilled"),
+        "generation_tokens_total": ("counter", s["generation_tokens_total"], "tokens generated"),
+        "requests_total": ("counter", state.requests_total, "requests accepted"),
+        "requests_rejected_total": (
+            "counter",
+            state.rejected_total,
+            "requests refused: queue full",
+        ),
+        "server_start_time_seconds": ("gauge", state.started_at, "unix time the server started"),
+    }
+    lines = []
+    for name, (kind, value, help_) in gauges.items():
+        lines += [
+            f"# HELP servebench:{name} {help_}",
+            f"# TYPE servebench:{name} {kind}",
+            f"servebench:{name} {value}",
+        ]
+    lines += engine.step_time_s.render("servebench:step_time_seconds", "time of one engine step")
+    lines += state.ttft_s.render(
+        "servebench:time_to_first_token_seconds", "streamed requests' TTFT"
+    )
+    config = ",".join(f'{k}="{v}"' for k, v in state.config.items())
+    lines += [
+        "# HELP servebench:config the engine's resolved settings",
+        "# TYPE servebench:config gauge",
+        f"servebench:config{{{config}}} 1",
+    ]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+def build_app(
+    engine: AsyncLLMEngine, model_name: str, api_key: str | None = None, max_queue: int = 256
+) -> web.Application:
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=16 * 2**20)
+    cfg = engine.engine.config
+    flat = {
+        "model": cfg.model,
+        "dtype": cfg.dtype,
+        "batching": cfg.scheduler.batching,
+        "max_num_seqs": cfg.scheduler.max_num_seqs,
+        "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
+        "enable_chunked_prefill": cfg.scheduler.enable_chunked_prefill,
+        "num_kv_blocks": cfg.cache.num_kv_blocks,
+        "block_size": cfg.cache.block_size,
+    }
+    app[ENGINE_KEY] = engine
+    app[STATE_KEY] = ServerState(model_name, api_key, max_queue, time.time(), flat, Histogram())
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+
+    async def on_startup(app: web.Application) -> None:
+        await engine.start()
+
+    async def on_shutdown(app: web.Application) -> None:
+        await engine.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    return app
