@@ -108,8 +108,11 @@ def main() -> None:
         server.wait(timeout=60)
     offline_s = offline(args, prompts)
     n_out = args.num_prompts * args.output_len
-    print(f"{args.num_prompts} prompts x {args.prompt_len} tokens -> {args.output_len} tokens, "
-          f"max_num_seqs={args.max_num_seqs}, {args.model} {args.dtype}, {torch.get_num_threads()} threads")  # fmt: skip
+    threads = torch.get_num_threads()
+    print(
+        f"{args.num_prompts} prompts x {args.prompt_len} tokens -> {args.output_len} tokens, "
+        f"max_num_seqs={args.max_num_seqs}, {args.model} {args.dtype}, {threads} threads"
+    )
     print(f"offline LLM.generate : {offline_s:7.1f} s  {n_out / offline_s:7.1f} out tok/s")
     print(f"HTTP (bench serve)   : {http_s:7.1f} s  {n_out / http_s:7.1f} out tok/s")
     print(f"HTTP / offline throughput: {offline_s / http_s:.3f}")

@@ -57,9 +57,12 @@ def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: An
     return value
 
 
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", str: "a string",
+               list: "a list", dict: "an object"}  # fmt: skip
+
+
 def _names(types: tuple[type, ...]) -> str:
-    return " or ".join({int: "an integer", float: "a number", bool: "a boolean", str: "a string",
-                        list: "a list", dict: "an object"}[t] for t in types)  # fmt: skip
+    return " or ".join(_TYPE_NAMES[t] for t in types)
 
 
 def _prompts(body: dict[str, Any]) -> list[str | list[int]]:
