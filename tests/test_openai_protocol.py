@@ -28,7 +28,24 @@ json_values = st.recursive(
     ),
     max_leaves=12,
 )
-FIELDS = ["prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stop_token_ids", "n", "stream", "stream_options", "logprobs", "ignore_eos", "model"]
+FIELDS = [
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "ignore_eos",
+    "model",
+]
 bodies = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8)
 
 
