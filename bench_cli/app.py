@@ -152,4 +152,7 @@ def serve(
     engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
     app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue)
     console.print(f"serving {model} on http://{host}:{port}/v1 ({engine.kv.num_blocks} KV blocks)")
-    web.run_app(app, host=host, port=port, print=None, shutdown_timeout=10)
+    # handler_cancellation: a client that leaves a non-streamed request aborts it too.
+    web.run_app(
+        app, host=host, port=port, print=None, shutdown_timeout=10, handler_cancellation=True
+    )

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 from engine.engine import LLMEngine
@@ -62,9 +61,9 @@ class AsyncLLMEngine:
 
     def generate(
         self, request_id: str, prompt: str | list[int], params: SamplingParams
-    ) -> AsyncIterator[RequestOutput]:
+    ) -> RequestStream:
         """Validate now (ValueError for a bad request), then stream the request's outputs.
-        Closing the stream early (a client gone) aborts the request."""
+        Closing the stream before the end (a client gone) aborts the request."""
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = self.engine.make_request(request_id, prompt, params)
@@ -73,23 +72,12 @@ class AsyncLLMEngine:
         with self._inbox_lock:
             self._new.append(req)
         self._wake.set()
-        return self._stream(request_id, queue)
+        return RequestStream(self, request_id, queue)
 
-    async def _stream(
-        self, request_id: str, queue: asyncio.Queue[RequestOutput | Exception]
-    ) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                finished = item.finished
-                yield item
-        finally:
-            self._streams.pop(request_id, None)
-            if not finished:
-                self.abort(request_id)
+    def release(self, request_id: str, abort: bool) -> None:
+        self._streams.pop(request_id, None)
+        if abort:
+            self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         with self._inbox_lock:
@@ -136,3 +124,39 @@ class AsyncLLMEngine:
                 queue.put_nowait(EngineStepError(out.error))
             else:
                 queue.put_nowait(out)
+
+
+class RequestStream:
+    """One request's outputs as an async iterator. Unlike an async generator, `aclose()`
+    cleans up even if iteration never started, so no request is ever left orphaned."""
+
+    def __init__(self, engine: AsyncLLMEngine, request_id: str, queue: asyncio.Queue) -> None:
+        self.engine = engine
+        self.request_id = request_id
+        self._queue = queue
+        self._done = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            item = await self._queue.get()
+        except BaseException:  # cancelled while waiting: the consumer is gone
+            await self.aclose()
+            raise
+        if isinstance(item, Exception):  # the engine already ended the request
+            self._done = True
+            self.engine.release(self.request_id, abort=False)
+            raise item
+        if item.finished:
+            self._done = True
+            self.engine.release(self.request_id, abort=False)
+        return item
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self.engine.release(self.request_id, abort=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.async_engine import AsyncLLMEngine, EngineStepError
+from engine.async_engine import AsyncLLMEngine, EngineStepError, RequestStream
 from engine.openai_protocol import (
     APIError,
     ParsedRequest,
@@ -143,7 +143,7 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
             streams.append(engine.generate(f"{base_id}-{i}", prompt, parsed.params))
         except ValueError as e:
             for s in streams:  # the earlier prompts of this request were queued: take them back
-                await s.aclose()  # type: ignore[attr-defined]
+                await s.aclose()
             raise APIError(str(e), param="prompt") from e
     state.requests_total += len(streams)
     meta = {"id": base_id, "created": int(time.time()), "model": state.model_name}
@@ -162,7 +162,7 @@ def raise_context(n_prompt: int, max_tokens: int, max_len: int) -> None:
 
 
 async def merged(
-    streams: list[AsyncIterator[RequestOutput]],
+    streams: list[RequestStream],
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
     """Interleave several requests' outputs as they come; closing this closes them all."""
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
@@ -190,8 +190,7 @@ async def merged(
         for t in tasks:
             t.cancel()
         for s in streams:
-            with contextlib.suppress(Exception):
-                await s.aclose()  # type: ignore[attr-defined]
+            await s.aclose()
 
 
 def usage(outputs: dict[int, RequestOutput]) -> dict[str, int]:
@@ -201,7 +200,7 @@ def usage(outputs: dict[int, RequestOutput]) -> dict[str, int]:
 
 
 async def full_response(
-    streams: list[AsyncIterator[RequestOutput]], chat: bool, meta: dict[str, Any]
+    streams: list[RequestStream], chat: bool, meta: dict[str, Any]
 ) -> web.Response:
     last: dict[int, RequestOutput] = {}
     try:
@@ -230,7 +229,7 @@ async def full_response(
 
 async def stream_response(
     request: web.Request,
-    streams: list[AsyncIterator[RequestOutput]],
+    streams: list[RequestStream],
     parsed: ParsedRequest,
     chat: bool,
     meta: dict[str, Any],
@@ -266,6 +265,8 @@ async def stream_response(
     try:
         async with contextlib.aclosing(merged(streams)) as outs:
             async for i, out in outs:
+                if request.transport is None or request.transport.is_closing():
+                    raise ConnectionResetError  # gone, even if no text was due to it
                 first = i not in last
                 if first and out.metrics.first_token_time is not None:
                     state.ttft_s.observe(out.metrics.first_token_time - out.metrics.arrival_time)
