@@ -39,10 +39,13 @@ class SamplingParams:
             raise ValueError("n > 1 (parallel sampling) is not supported yet")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        # Below 1e-5 dividing logits by the temperature overflows: treat it as greedy (as vLLM).
+        return self.temperature < 1e-5 or self.top_k == 1
 
 
 class RequestStatus(enum.Enum):

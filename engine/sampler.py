@@ -21,7 +21,7 @@ def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Gener
     logits = logits.float()
     device = logits.device
     params = [r.params for r in requests]
-    temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)
+    temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
     logits = logits / temperature.unsqueeze(1)
     top_k = [p.top_k for p in params]
     top_p = [p.top_p for p in params]
