@@ -51,9 +51,7 @@ class AsyncLLMEngine:
         self._thread.start()
 
     async def stop(self) -> None:
-        """Abort what is in flight, then stop the engine thread."""
-        for request_id in list(self._streams):
-            self.abort(request_id)
+        """Stop the engine thread; every request still in flight ends with "abort"."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -89,31 +87,40 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         engine = self.engine
         while not self._stopping:
-            with self._inbox_lock:
-                new, self._new = self._new, []
-                aborts, self._aborts = self._aborts, []
-            dropped = set(aborts)  # a client that left before its request was even added
-            for req in new:
-                if req.request_id not in dropped:
-                    engine.add(req)
-            for request_id in aborts:
-                engine.abort_request(request_id)
-            if not engine.has_unfinished_requests():
-                self.stats = engine.stats()
+            outputs = self._take_inbox()
+            if engine.has_unfinished_requests():
+                t0 = time.perf_counter()
+                try:
+                    outputs += engine.step()
+                except Exception as e:  # fail this step's requests, keep serving the rest
+                    log.exception("engine step failed")
+                    outputs += engine.fail_running(f"engine step failed: {type(e).__name__}: {e}")
+                self.step_time_s.observe(time.perf_counter() - t0)
+            else:
                 self._wake.wait(timeout=0.5)
                 self._wake.clear()
-                continue
-            t0 = time.perf_counter()
-            try:
-                outputs = engine.step()
-            except Exception as e:  # fail this step's requests, keep serving the rest
-                log.exception("engine step failed")
-                outputs = engine.fail_running(f"engine step failed: {type(e).__name__}: {e}")
-            self.step_time_s.observe(time.perf_counter() - t0)
             self.stats = engine.stats()
-            if outputs:
-                assert self._loop is not None
-                self._loop.call_soon_threadsafe(self._deliver, outputs)
+            self._send(outputs)
+        outputs = self._take_inbox()
+        outputs += [o for r in list(engine.requests) if (o := engine.abort_request(r))]
+        self.stats = engine.stats()
+        self._send(outputs)
+
+    def _take_inbox(self) -> list[RequestOutput]:
+        """Add new requests and apply aborts; returns the aborted requests' last outputs."""
+        with self._inbox_lock:
+            new, self._new = self._new, []
+            aborts, self._aborts = self._aborts, []
+        dropped = set(aborts)  # a client that left before its request was even added
+        for req in new:
+            if req.request_id not in dropped:
+                self.engine.add(req)
+        return [o for r in aborts if (o := self.engine.abort_request(r))]
+
+    def _send(self, outputs: list[RequestOutput]) -> None:
+        if outputs:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._deliver, outputs)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
