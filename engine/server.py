@@ -118,10 +118,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except Exception as e:
         raise APIError(f"the chat template failed on these messages: {e}", param="messages") from e
-    parsed = parse_common(body, [prompt], chat=True)
-    if not parsed.max_tokens_given:  # like vLLM: whatever the context leaves
-        n_prompt = len(tokenizer.encode(prompt))
-        parsed.params.max_tokens = max(1, engine.engine.max_model_len - n_prompt)
+    ids = tokenizer.encode(prompt)
+    parsed = parse_common(body, [ids], chat=True)
+    if not parsed.max_tokens_given:  # like vLLM: whatever the context (and KV pool) leaves
+        kv = engine.engine.kv
+        room = min(engine.engine.max_model_len, kv.num_blocks * kv.block_size) - len(ids)
+        parsed.params.max_tokens = max(1, room)
     return await serve(request, parsed, chat=True)
 
 
@@ -132,15 +134,18 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
     streams = []
     base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     tokenizer = engine.engine.tokenizer
-    for i, prompt in enumerate(parsed.prompts):
+    prompts: list[list[int]] = []
+    for prompt in parsed.prompts:  # validate every prompt before queueing any
         if isinstance(prompt, str):
             if tokenizer is None:
                 raise APIError("this model has no tokenizer: send token ids", param="prompt")
             prompt = tokenizer.encode(prompt)
         if len(prompt) + parsed.params.max_tokens > max_len:
             raise_context(len(prompt), parsed.params.max_tokens, max_len)
+        prompts.append(prompt)
+    for i, ids in enumerate(prompts):
         try:
-            streams.append(engine.generate(f"{base_id}-{i}", prompt, parsed.params))
+            streams.append(engine.generate(f"{base_id}-{i}", ids, parsed.params))
         except ValueError as e:
             for s in streams:  # the earlier prompts of this request were queued: take them back
                 await s.aclose()
