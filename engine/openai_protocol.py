@@ -145,7 +145,10 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
     top_k = _typed(body, "top_k", (int,), 0)
     if top_k < -1:
         raise APIError(f"'top_k' must be -1 (off), 0 (off) or positive, got {top_k}", param="top_k")
+    top_k = min(top_k, 2**31 - 1)  # beyond any vocabulary (no cut), and it fits a tensor
     seed = _typed(body, "seed", (int,), None)
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise APIError(f"'seed' must fit in 64 bits, got {seed}", param="seed")
     stop = body.get("stop")
     if stop is None:
         stop = []
@@ -158,18 +161,23 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
         raise APIError("'stop_token_ids' must be a list of integers", param="stop_token_ids")
     stream = _typed(body, "stream", (bool,), False)
     stream_options = _typed(body, "stream_options", (dict,), {})
-    params = SamplingParams(
-        max_tokens=max_tokens or 16,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        stop=stop,
-        stop_token_ids=stop_token_ids,
-        ignore_eos=_typed(body, "ignore_eos", (bool,), False),
-        include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False),
-    )
-    include_usage = bool(stream_options.get("include_usage", False))
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens or 16,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=_typed(body, "ignore_eos", (bool,), False),
+            include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False),
+        )
+    except ValueError as e:  # a check SamplingParams makes that the lines above do not
+        raise APIError(str(e)) from e
+    include_usage = stream_options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise APIError("'stream_options.include_usage' must be a boolean", param="stream_options")
     return ParsedRequest(prompts, params, stream, include_usage, max_tokens is not None)
 
 

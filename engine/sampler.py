@@ -42,7 +42,7 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float
     vocab = logits.shape[-1]
     device = logits.device
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = torch.tensor([t if t > 0 else vocab for t in top_k], device=device)
+    k = torch.tensor([t if 0 < t < vocab else vocab for t in top_k], device=device)
     drop = torch.arange(vocab, device=device).unsqueeze(0) >= k.unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     p = torch.tensor(top_p, device=device)

@@ -161,7 +161,7 @@ def raise_context(n_prompt: int, max_tokens: int, max_len: int) -> None:
     raise APIError(
         f"this model's maximum context length is {max_len} tokens; the request asks for "
         f"{n_prompt + max_tokens} ({n_prompt} in the prompt, {max_tokens} to generate)",
-        param="max_tokens",
+        param="prompt" if n_prompt >= max_len else "max_tokens",
         code="context_length_exceeded",
     )
 
