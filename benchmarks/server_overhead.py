@@ -21,6 +21,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+# isort: off
+import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allocates)
+
+# isort: on
 import aiohttp
 import torch
 
