@@ -38,12 +38,13 @@ class AsyncLLMEngine:
         self.step_time_s = Histogram()
 
     @property
-    def num_waiting(self) -> int:
-        return int(self.stats["num_waiting"]) + len(self._new)
-
-    @property
     def num_in_flight(self) -> int:
         return len(self._streams)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests in flight that are not in the running batch (queued or not yet added)."""
+        return self.num_in_flight - int(self.stats["num_running"])
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -38,10 +38,6 @@ class ModelRunner:
         ]
         self.generator = torch.Generator().manual_seed(seed)
 
-    @property
-    def kv_cache_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
-
     @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, block_tables: dict[str, list[int]]

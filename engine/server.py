@@ -89,7 +89,7 @@ def check_model(state: ServerState, body: dict[str, Any]) -> None:
 
 def check_capacity(request: web.Request) -> None:
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
-    if engine.num_in_flight - int(engine.stats["num_running"]) >= state.max_queue:
+    if engine.num_waiting >= state.max_queue:
         state.rejected_total += 1
         raise APIError(
             f"the server's queue is full ({state.max_queue} waiting); retry later",
@@ -321,11 +321,7 @@ async def metrics(request: web.Request) -> web.Response:
     s = engine.stats
     gauges = {
         "num_requests_running": ("gauge", s["num_running"], "requests in the running batch"),
-        "num_requests_waiting": (
-            "gauge",
-            engine.num_in_flight - s["num_running"],
-            "requests queued",
-        ),
+        "num_requests_waiting": ("gauge", engine.num_waiting, "requests queued"),
         "kv_blocks_used": ("gauge", s["kv_blocks_used"], "KV-cache blocks in use"),
         "kv_blocks_total": ("gauge", s["kv_blocks_total"], "KV-cache blocks in the pool"),
         "num_preemptions_total": ("counter", s["num_preemptions"], "preemptions (recompute)"),
