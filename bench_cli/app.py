@@ -156,3 +156,77 @@ def serve(
     web.run_app(
         app, host=host, port=port, print=None, shutdown_timeout=10, handler_cancellation=True
     )
+
+
+Opt = typer.Option
+
+
+@app.command()
+def run(
+    profile: Annotated[str, Opt(help="profile name (profiles/NAME.toml) or path")] = "default",
+    name: Annotated[str | None, Opt(help="run name (in the results folder name)")] = None,
+    base_url: Annotated[
+        str | None, Opt(help="an external OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")
+    ] = None,
+    model: Annotated[
+        str | None, Opt(help="served model name (external) or model to serve (bundled)")
+    ] = None,
+    endpoint: Annotated[str | None, Opt(help="completions | chat")] = None,
+    tokenizer: Annotated[str | None, Opt(help="tokenizer for prompts and counts")] = None,
+    api_key: Annotated[str | None, Opt(help="bearer token for the server")] = None,
+    in_process: Annotated[
+        bool | None, Opt(help="bundled engine in this process, no HTTP (quick runs)")
+    ] = None,
+    arrival: Annotated[str | None, Opt(help="poisson | gamma | constant | trace")] = None,
+    rate: Annotated[float | None, Opt(help="requests per second (open loop)")] = None,
+    burstiness: Annotated[float | None, Opt(help="gamma shape: 1 Poisson, < 1 burstier")] = None,
+    concurrency: Annotated[
+        int | None, Opt(help="closed loop alone; with --rate, a cap on requests in flight")
+    ] = None,
+    trace: Annotated[str | None, Opt(help="trace file for --arrival trace")] = None,
+    trace_format: Annotated[str | None, Opt(help="mooncake | azure | burstgpt | jsonl")] = None,
+    trace_model: Annotated[str | None, Opt(help="BurstGPT: keep only this model")] = None,
+    time_scale: Annotated[
+        float | None, Opt(help="multiplies trace gaps (0.5: twice as fast)")
+    ] = None,
+    num_requests: Annotated[int | None, Opt(help="requests to send")] = None,
+    duration: Annotated[float | None, Opt(help="stop sending after S seconds")] = None,
+    warmup: Annotated[int | None, Opt(help="warm-up requests, left out of the metrics")] = None,
+    seed: Annotated[int | None, Opt(help="seeds arrivals and prompts")] = None,
+    input_len: Annotated[
+        str | None, Opt(help="N | uniform:lo:hi | normal:mean:std | lognormal:mean:sigma")
+    ] = None,
+    output_len: Annotated[str | None, Opt(help="as --input-len")] = None,
+    dataset: Annotated[str | None, Opt(help="sharegpt:PATH")] = None,
+    shared_prefix_len: Annotated[
+        int | None, Opt(help="tokens of a shared system prompt before each prompt")
+    ] = None,
+    num_prefix_groups: Annotated[int | None, Opt(help="distinct shared prefixes")] = None,
+    ignore_eos: Annotated[bool | None, Opt(help="ask for exactly the output length")] = None,
+    slo: Annotated[str | None, Opt(help="goodput SLOs, e.g. ttft=0.5,tpot=0.05,e2e=10")] = None,
+    max_p99_lag_ms: Annotated[
+        float | None, Opt(help="p99 schedule lag above which the run is invalid")
+    ] = None,
+    timeout: Annotated[float | None, Opt(help="per-request timeout in seconds")] = None,
+    out: Annotated[str | None, Opt(help="results folder (default results/<time>-<name>)")] = None,
+    no_dashboard: Annotated[bool, Opt(help="no live progress display")] = False,
+    dtype: Annotated[str | None, Opt(help="engine: bfloat16 | float32")] = None,
+    device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,
+    batching: Annotated[str | None, Opt(help="engine: continuous | static")] = None,
+    max_num_seqs: Annotated[int | None, Opt(help="engine: requests running at once")] = None,
+    max_num_batched_tokens: Annotated[int | None, Opt(help="engine: step token budget")] = None,
+    enable_chunked_prefill: Annotated[bool | None, Opt(help="engine: chunked prefill")] = None,
+    long_prefill_token_threshold: Annotated[
+        int | None, Opt(help="engine: cap on one prefill chunk")
+    ] = None,
+    block_size: Annotated[int | None, Opt(help="engine: tokens per KV block")] = None,
+    num_kv_blocks: Annotated[int | None, Opt(help="engine: KV blocks")] = None,
+    kv_cache_memory_gb: Annotated[float | None, Opt(help="engine: KV budget in GiB")] = None,
+    max_model_len: Annotated[int | None, Opt(help="engine: longest prompt + output")] = None,
+) -> None:
+    """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
+    one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""
+    flags = {k: v for k, v in locals().items() if k not in ("profile", "no_dashboard")}
+    from bench_cli.run_command import execute
+
+    raise typer.Exit(execute(profile, flags, dashboard=not no_dashboard, console=console))

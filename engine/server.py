@@ -298,6 +298,12 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def engine_config(request: web.Request) -> web.Response:
+    """The engine's whole resolved config (a servebench extension): what a benchmark records."""
+    config = request.app[ENGINE_KEY].engine.config.to_dict()
+    return web.json_response({"model_name": request.app[STATE_KEY].model_name, "engine": config})
+
+
 async def models(request: web.Request) -> web.Response:
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
     return web.json_response(
@@ -376,6 +382,7 @@ def build_app(
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/engine/config", engine_config)
     app.router.add_get("/metrics", metrics)
 
     async def on_startup(app: web.Application) -> None:

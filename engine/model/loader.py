@@ -38,6 +38,12 @@ TINY_CONFIGS = {
     ),
 }
 TINY_CONFIGS["tiny-llama-untied"] = replace(TINY_CONFIGS["tiny-llama"], tie_word_embeddings=False)
+# Random weights behind a real tokenizer: text prompts, chat templates and detokenization
+# end to end at tiny-model speed.
+TINY_CONFIGS["tiny-smollm2"] = replace(
+    TINY_CONFIGS["tiny-llama"], vocab_size=49152, eos_token_ids=(2,)
+)
+TINY_TOKENIZERS = {"tiny-smollm2": "smollm2-135m"}
 
 
 class ModelLoadError(RuntimeError):
@@ -82,7 +88,8 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 
         cfg = TINY_CONFIGS[name]
         model = _build(cfg, device)
         _init_random(model, seed)
-        return LoadedModel(model.to(dtype), cfg, None, "random")
+        tokenizer = load_tokenizer(TINY_TOKENIZERS[name]) if name in TINY_TOKENIZERS else None
+        return LoadedModel(model.to(dtype), cfg, tokenizer, "random")
     path = resolve_model_path(name)
     try:
         if path.is_file() and path.suffix == ".gguf":
@@ -100,6 +107,30 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 
     except Exception as e:  # a truncated or foreign file: say which, and why
         raise ModelLoadError(f"could not load model from {path}: {type(e).__name__}: {e}") from e
     return LoadedModel(model.to(dtype), cfg, tokenizer, str(path))
+
+
+def load_tokenizer(name: str) -> Tokenizer | None:
+    """Only the tokenizer of a model (None for the tokenizer-less tiny configs): what the load
+    generator needs to build prompts and count tokens, without reading any weights."""
+    if name in TINY_CONFIGS:
+        return load_tokenizer(TINY_TOKENIZERS[name]) if name in TINY_TOKENIZERS else None
+    path = resolve_model_path(name)
+    try:
+        if path.is_file() and path.suffix == ".gguf":
+            import gguf
+
+            return Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+        if path.is_file() and path.name == "tokenizer.json":
+            return Tokenizer.from_hf_dir(path.parent)
+        if path.is_dir() and (path / "tokenizer.json").is_file():
+            return Tokenizer.from_hf_dir(path)
+    except Exception as e:
+        raise ModelLoadError(
+            f"could not read a tokenizer from {path}: {type(e).__name__}: {e}"
+        ) from e
+    raise ModelLoadError(
+        f"tokenizer {name!r}: expected a .gguf file, a tokenizer.json, or a directory holding one"
+    )
 
 
 def _build(cfg: ModelConfig, device: torch.device) -> LlamaForCausalLM:

@@ -1,0 +1,3 @@
+from bench_cli.app import app
+
+app(prog_name="bench")

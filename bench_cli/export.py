@@ -1,0 +1,103 @@
+"""A run's folder on disk: summary.json, summary.csv (one row, via pandas) and config.json
+(the resolved config, package versions, git commit and hardware)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from datetime import datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("servebench", "torch", "aiohttp", "numpy", "pandas", "tokenizers", "rich", "typer")
+
+
+def run_dir(out: str | None, name: str) -> Path:
+    path = Path(out) if out else Path("results") / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
+    import pandas as pd
+
+    write_json(out_dir / "summary.json", summary)
+    flat = {k: v for k, v in summary.items() if k not in ("definitions", "warnings")}
+    row = pd.json_normalize(flat, sep=".")
+    for col in row.columns:  # lists (warnings, SLO tuples) as JSON text in one cell
+        if isinstance(row.at[0, col], list | dict):
+            row[col] = row[col].map(json.dumps)
+    row.to_csv(out_dir / "summary.csv", index=False)
+
+
+def environment() -> dict[str, Any]:
+    versions = {}
+    for pkg in PACKAGES:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "created_at": time.time(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "git_commit": _git_commit(),
+        "hardware": hardware(),
+    }
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def hardware() -> dict[str, Any]:
+    import psutil
+
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "gpus": [],
+    }
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h).total / 2**30
+            info["gpus"].append({"name": pynvml.nvmlDeviceGetName(h), "memory_gb": round(mem, 1)})
+        pynvml.nvmlShutdown()
+    except Exception:  # no driver, no GPU: NVMLError and friends
+        pass
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -1,0 +1,157 @@
+"""`bench run`: resolve the config, start the target, run the load with a progress bar, print
+and write the results. Exit codes: 0 done, 2 bad input, 130 interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bench_cli.export import environment, run_dir, write_json, write_summary
+from bench_cli.local_server import LocalServer, ServerStartError
+from bench_cli.tables import print_result
+from loadgen.config import RunConfig, build_config, load_profile
+
+DEFAULT_TOKENIZER = "smollm2-135m"
+
+
+def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
+    from engine.config import engine_arg_names
+    from engine.model.loader import ModelLoadError
+    from loadgen.benchmark import build_plan
+
+    try:
+        cfg = build_config(load_profile(profile), flags, engine_arg_names())
+        tokenizer, tokenizer_name = _tokenizer(cfg, console)
+        built = build_plan(cfg, tokenizer)
+    except (ValueError, ModelLoadError) as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    out_dir = run_dir(cfg.out, cfg.name)
+    config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
+    server: LocalServer | None = None
+    try:
+        if cfg.base_url:
+            backend: Any = _http_backend(cfg, cfg.base_url, tokenizer)
+            config["target"] = {"kind": "external", "base_url": cfg.base_url}
+        elif cfg.in_process:
+            from loadgen.backends import InProcessBackend
+
+            backend = InProcessBackend.from_engine_args(cfg.model, cfg.endpoint, **cfg.engine)
+            config["target"] = {"kind": "bundled-in-process"}
+            config["engine"] = backend.engine.engine.config.to_dict()
+        else:
+            server = LocalServer(cfg.model, cfg.engine, out_dir / "server.log")
+            with console.status(f"starting the bundled engine ({cfg.model}) ..."):
+                server.start()
+            backend = _http_backend(cfg, server.base_url, tokenizer)
+            config["target"] = {"kind": "bundled", "base_url": server.base_url}
+            config["engine"] = server.engine_config()
+        write_json(out_dir / "config.json", config | environment())
+        summary, _ = asyncio.run(_run(cfg, backend, built, out_dir, dashboard, console))
+    except ServerStartError as e:
+        console.print(f"[bold red]error:[/] the bundled engine did not start: {e}")
+        return 2
+    finally:
+        if server is not None:
+            server.stop()
+    summary["config"] = config
+    write_summary(out_dir, summary)
+    target = cfg.base_url or f"bundled {cfg.model}"
+    print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
+    console.print(f"results: {out_dir}/", highlight=False)
+    return 130 if summary["interrupted"] else 0
+
+
+def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
+    """The one asked for; else the model's, when we can load it; else smollm2-135m's."""
+    from engine.model.loader import ModelLoadError, load_tokenizer
+
+    if cfg.tokenizer:
+        tok = load_tokenizer(cfg.tokenizer)
+        if tok is None:
+            raise ValueError(f"{cfg.tokenizer!r} has no tokenizer")
+        return tok, cfg.tokenizer
+    with contextlib.suppress(ModelLoadError):
+        tok = load_tokenizer(cfg.model)
+        if tok is not None:
+            return tok, cfg.model
+    if cfg.base_url:
+        console.print(
+            f"[yellow]note:[/] no tokenizer for {cfg.model!r} here; prompts are built with "
+            f"{DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from the server's usage"
+        )
+    return load_tokenizer(DEFAULT_TOKENIZER), DEFAULT_TOKENIZER
+
+
+def _http_backend(cfg: RunConfig, base_url: str, tokenizer: Any) -> Any:
+    from loadgen.backends import OpenAIBackend
+
+    return OpenAIBackend(
+        base_url,
+        cfg.model,
+        cfg.endpoint,
+        cfg.api_key,
+        cfg.timeout,
+        max_connections=cfg.concurrency or 0,  # an open loop must never queue in the pool
+        ignore_eos=cfg.ignore_eos,
+        tokenizer=tokenizer,
+    )
+
+
+def _load_text(cfg: RunConfig) -> str:
+    if cfg.arrival == "trace":
+        return f"trace {Path(cfg.trace or '').name} x{cfg.time_scale:g}"
+    if cfg.closed_loop:
+        return f"closed loop, concurrency {cfg.concurrency}"
+    text = f"{cfg.arrival} {cfg.rate:g} req/s"
+    return text + (f", cap {cfg.concurrency}" if cfg.concurrency else "")
+
+
+async def _run(
+    cfg: RunConfig, backend: Any, built: Any, out_dir: Path, dashboard: bool, console: Console
+) -> tuple[dict[str, Any], Any]:
+    from loadgen.benchmark import run_benchmark
+
+    if not dashboard:
+        return await run_benchmark(cfg, backend, built, out_dir)
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("[green]ok {task.fields[ok]}[/] [red]failed {task.fields[failed]}[/]"),
+        TextColumn("in flight {task.fields[in_flight]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    task = bar.add_task("warming up", total=built.plan.total, ok=0, failed=0, in_flight=0)
+    updater: asyncio.Task | None = None
+
+    async def refresh(runner: Any) -> None:
+        while True:
+            p = runner.progress
+            bar.update(
+                task,
+                description="warming up" if p.warming_up else "running",
+                completed=p.completed + p.failed,
+                ok=p.completed,
+                failed=p.failed,
+                in_flight=p.in_flight,
+            )
+            await asyncio.sleep(0.25)
+
+    def on_start(runner: Any) -> None:
+        nonlocal updater
+        updater = asyncio.create_task(refresh(runner))
+
+    with bar:
+        try:
+            return await run_benchmark(cfg, backend, built, out_dir, on_start)
+        finally:
+            if updater is not None:
+                updater.cancel()

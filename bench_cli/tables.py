@@ -1,0 +1,77 @@
+"""The printed result, in the shape users know from `vllm bench serve`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+LATENCIES = (
+    ("ttft_s", "TTFT"),
+    ("itl_s", "ITL"),
+    ("itl_per_token_s", "ITL per token"),
+    ("tpot_s", "TPOT"),
+    ("e2e_s", "E2E latency"),
+    ("queue_s", "Queue (cap wait)"),
+    ("ttft_with_queue_s", "TTFT incl. queue"),
+    ("schedule_lag_s", "Schedule lag"),
+)
+
+
+def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
+    head = Table(title=title, show_header=False, title_justify="left")
+    head.add_column("metric")
+    head.add_column("value", justify="right")
+    rows = [
+        ("Successful requests", f"{summary['completed']}"),
+        ("Failed requests", f"{summary['failed']}"),
+        ("Benchmark duration (s)", f"{summary['duration_s']:.2f}"),
+        ("Total input tokens", f"{summary['total_input_tokens']}"),
+        ("Total generated tokens", f"{summary['total_output_tokens']}"),
+        ("Request throughput (req/s)", f"{summary['request_throughput']:.2f}"),
+        ("Output token throughput (tok/s)", f"{summary['output_throughput']:.2f}"),
+        ("Total token throughput (tok/s)", f"{summary['total_token_throughput']:.2f}"),
+    ]
+    if summary.get("goodput") is not None:
+        slo = ", ".join(f"{k} <= {v:g} s" for k, v in summary["slo"].items())
+        rows.append((f"Goodput (req/s; {slo})", f"{summary['goodput']:.2f}"))
+    check = summary.get("arrival_check") or {}
+    if check.get("achieved_rate"):
+        rows.append(("Achieved arrival rate (req/s)", f"{check['achieved_rate']:.2f}"))
+    if "ks_vs_target" in check:
+        ks = check["ks_vs_target"]
+        rows.append(
+            (
+                f"Arrivals vs {check['process']} (KS D, p)",
+                f"{ks['statistic']:.3f}, {ks['p_value']:.2f}",
+            )
+        )
+    for name, value in rows:
+        head.add_row(name, value)
+
+    lat = Table(title="Latency (ms)", title_justify="left")
+    for col in ("metric", "mean", "p50", "p90", "p95", "p99", "max"):
+        lat.add_column(col, justify="left" if col == "metric" else "right")
+    for key, label in LATENCIES:
+        d = summary.get(key)
+        if not d or not d.get("count"):
+            continue
+        if key in ("queue_s", "ttft_with_queue_s") and not d["max"]:
+            continue  # no concurrency cap, no queue
+        lat.add_row(
+            label, *(f"{d[s] * 1e3:.2f}" for s in ("mean", "p50", "p90", "p95", "p99", "max"))
+        )
+    return [head, lat]
+
+
+def print_result(console: Console, summary: dict[str, Any], title: str) -> None:
+    for table in result_tables(summary, title):
+        console.print(table)
+    for warning in summary.get("warnings", []):
+        style = "bold red" if "fell behind" in warning else "yellow"
+        console.print(f"[{style}]warning:[/] {warning}", highlight=False)
+    if not summary.get("valid", True):
+        console.print("[bold red]INVALID RUN[/]: the load generator could not keep to its schedule")
+    if summary.get("interrupted"):
+        console.print("[yellow]interrupted[/]: the summary covers the requests that finished")

@@ -1,0 +1,130 @@
+"""When each request is sent: seeded arrival processes turned into absolute send offsets.
+
+The whole schedule is computed before the first request goes out; the runner then sleeps to
+absolute times, so a late wake-up never shifts every later request (relative sleeps drift)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+ARRIVALS = ("poisson", "gamma", "constant", "trace")
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """An open-loop arrival process. `rate` is requests per second; `burstiness` is the gamma
+    shape (1: Poisson, < 1: burstier, > 1: smoother); a trace gives its own timestamps."""
+
+    kind: str = "poisson"
+    rate: float = 1.0
+    burstiness: float = 1.0
+    seed: int = 0
+    trace_offsets: tuple[float, ...] = ()  # seconds since the trace's first request
+    time_scale: float = 1.0  # multiplies trace gaps: 0.5 replays twice as fast
+
+    def __post_init__(self) -> None:
+        if self.kind not in ARRIVALS:
+            raise ValueError(f"arrival {self.kind!r}: expected one of {', '.join(ARRIVALS)}")
+        if self.kind == "trace":
+            if not self.trace_offsets:
+                raise ValueError("trace arrivals need the trace's timestamps")
+            if self.time_scale <= 0:
+                raise ValueError(f"time scale must be > 0, got {self.time_scale}")
+        elif not (self.rate > 0 and math.isfinite(self.rate)):
+            raise ValueError(f"{self.kind} arrivals need a finite rate > 0, got {self.rate}")
+        if self.kind == "gamma" and not self.burstiness > 0:
+            raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
+
+    def offsets(self) -> Iterator[float]:
+        """Absolute send offsets in seconds from the start of the run, first one at 0."""
+        if self.kind == "trace":
+            yield from (t * self.time_scale for t in self.trace_offsets)
+            return
+        if self.kind == "constant":
+            yield from (i / self.rate for i in itertools.count())
+            return
+        rng = np.random.default_rng(self.seed)
+        t = 0.0
+        while True:  # gaps drawn in blocks: the same seed gives the same schedule
+            for gap in self._gaps(rng, 1024):
+                yield t
+                t += float(gap)
+
+    def _gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "poisson":
+            return rng.exponential(1.0 / self.rate, n)
+        # Gamma with shape k and mean 1/rate: CV = 1/sqrt(k) (vLLM's definition of burstiness).
+        return rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), n)
+
+    def gap_cdf(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The CDF of the target inter-arrival time, for a one-sample KS test; None where the
+        process has none (constant: a step; trace: compared with its own gaps instead)."""
+        if self.kind == "poisson":
+            return lambda x: 1.0 - np.exp(-self.rate * np.maximum(x, 0.0))
+        if self.kind == "gamma":
+            return lambda x: _gamma_cdf(x, self.burstiness, self.rate * self.burstiness)
+        return None
+
+
+def _gamma_cdf(x: np.ndarray, shape: float, rate: float) -> np.ndarray:
+    import torch  # regularized lower incomplete gamma: no scipy in our dependencies
+
+    a = torch.full((len(x),), shape, dtype=torch.float64)
+    z = torch.as_tensor(np.maximum(x, 0.0) * rate, dtype=torch.float64)
+    return torch.special.gammainc(a, z).numpy()
+
+
+def take_schedule(
+    offsets: Iterator[float], num_requests: int | None, duration_s: float | None
+) -> list[float]:
+    """The first offsets up to a request count and/or a duration (whichever ends first)."""
+    if num_requests is None and duration_s is None:
+        raise ValueError("a schedule needs a number of requests or a duration")
+    out: list[float] = []
+    for t in offsets:
+        if num_requests is not None and len(out) >= num_requests:
+            break
+        if duration_s is not None and t >= duration_s:
+            break
+        out.append(t)
+    return out
+
+
+def ks_statistic(samples: Sequence[float], cdf: Callable[[np.ndarray], np.ndarray]) -> float:
+    """One-sample Kolmogorov-Smirnov D: the largest gap between the empirical and target CDF."""
+    x = np.sort(np.asarray(samples, dtype=np.float64))
+    n = len(x)
+    if n == 0:
+        return float("nan")
+    f = cdf(x)
+    upper = np.arange(1, n + 1) / n - f
+    lower = f - np.arange(0, n) / n
+    return float(max(upper.max(), lower.max()))
+
+
+def ks_two_sample(a: Sequence[float], b: Sequence[float]) -> float:
+    """Two-sample Kolmogorov-Smirnov D between two sets of gaps."""
+    xa, xb = np.sort(np.asarray(a, np.float64)), np.sort(np.asarray(b, np.float64))
+    if len(xa) == 0 or len(xb) == 0:
+        return float("nan")
+    grid = np.concatenate([xa, xb])
+    fa = np.searchsorted(xa, grid, side="right") / len(xa)
+    fb = np.searchsorted(xb, grid, side="right") / len(xb)
+    return float(np.abs(fa - fb).max())
+
+
+def ks_pvalue(d: float, n: float) -> float:
+    """Asymptotic p-value of a KS statistic D over n samples (for two samples of sizes n1, n2
+    pass n = n1*n2/(n1+n2)), with Stephens' small-sample correction."""
+    if not n > 0 or math.isnan(d):
+        return float("nan")
+    lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
+    if lam < 1e-3:
+        return 1.0
+    p = 2.0 * sum((-1) ** (k - 1) * math.exp(-2.0 * k * k * lam * lam) for k in range(1, 101))
+    return min(1.0, max(0.0, p))

@@ -1,0 +1,239 @@
+"""How a request reaches a server and how its timing is taken: over HTTP from any
+OpenAI-compatible server (vLLM, SGLang, llama.cpp, TGI, ours), or in-process from our engine.
+
+A backend fills a `RequestRecord`: send time, a stamp for every chunk that carries output,
+token counts and status. It never raises for a failed request: the record says what failed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Protocol
+
+import aiohttp
+
+from loadgen.records import RequestRecord
+from loadgen.workload import RequestSpec
+
+
+class Backend(Protocol):
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
+        """Send one request now; times in `rec` are perf_counter() - t0."""
+        ...
+
+
+class OpenAIBackend:
+    """Streaming /v1/completions or /v1/chat/completions over one shared aiohttp session."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        endpoint: str = "completions",
+        api_key: str | None = None,
+        timeout_s: float = 600.0,
+        max_connections: int = 256,
+        ignore_eos: bool = True,
+        tokenizer: Any | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ) -> None:
+        if endpoint not in ("completions", "chat"):
+            raise ValueError(f"endpoint {endpoint!r}: expected completions or chat")
+        path = "chat/completions" if endpoint == "chat" else "completions"
+        self.url = f"{base_url.rstrip('/')}/{path}"
+        self.model, self.chat = model, endpoint == "chat"
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.max_connections = max_connections
+        self.ignore_eos = ignore_eos
+        self.tokenizer = tokenizer  # counts tokens when the server gives no usage
+        self.extra_body = extra_body or {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=self.max_connections, force_close=False)
+        self._session = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def payload(self, spec: RequestSpec) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": spec.output_len,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": spec.prompt}]
+        else:
+            body["prompt"] = spec.prompt
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        return body | self.extra_body
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
+        assert self._session is not None, "start() the backend first"
+        body = json.dumps(self.payload(spec))
+        headers = {"Content-Type": "application/json", **self.headers}
+        texts: list[str] = []
+        usage: dict[str, Any] | None = None
+        clock = time.perf_counter
+        rec.send_s = clock() - t0
+        try:
+            async with self._session.post(self.url, data=body, headers=headers) as resp:
+                rec.http_status = resp.status
+                if resp.status != 200:
+                    rec.status, rec.error = "error", _error_message(await resp.text())
+                    return
+                async for line in resp.content:
+                    now = clock() - t0
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if chunk.get("error"):
+                        rec.status, rec.error = "error", _error_message(json.dumps(chunk))
+                        return
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                    for choice in chunk.get("choices") or ():
+                        text = choice["delta"].get("content") if self.chat else choice.get("text")
+                        if text:
+                            rec.chunk_s.append(now)
+                            texts.append(text)
+                        if choice.get("finish_reason"):
+                            rec.finish_reason = choice["finish_reason"]
+            rec.end_s = clock() - t0
+        except asyncio.CancelledError:
+            rec.status, rec.error = "cancelled", "the run was stopped"
+            rec.end_s = clock() - t0
+            raise
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
+            rec.status, rec.error = "error", f"{type(e).__name__}: {e}" if str(e) else repr(e)
+            rec.end_s = clock() - t0
+            return
+        if not rec.chunk_s:
+            rec.status, rec.error = "error", "the stream ended without any output"
+            return
+        rec.first_chunk_s = rec.chunk_s[0]
+        rec.status = "ok"
+        self._count_tokens(rec, texts, usage)
+
+    def _count_tokens(
+        self, rec: RequestRecord, texts: list[str], usage: dict[str, Any] | None
+    ) -> None:
+        """Output tokens from the server's usage, else our tokenizer, else one per chunk; and
+        tokens per chunk: one each when they add up, else our tokenizer's split."""
+        n_chunks = len(texts)
+        if usage and usage.get("completion_tokens") is not None:
+            rec.output_tokens, rec.output_tokens_source = int(usage["completion_tokens"]), "usage"
+        elif self.tokenizer is not None:
+            n = len(self.tokenizer.encode("".join(texts), add_special_tokens=False))
+            rec.output_tokens, rec.output_tokens_source = n, "tokenizer"
+        else:
+            rec.output_tokens, rec.output_tokens_source = n_chunks, "chunks"
+        if usage and usage.get("prompt_tokens") is not None:
+            rec.prompt_tokens, rec.prompt_tokens_source = int(usage["prompt_tokens"]), "usage"
+        else:
+            rec.prompt_tokens, rec.prompt_tokens_source = rec.input_len, "tokenizer"
+        if rec.output_tokens == n_chunks or self.tokenizer is None:
+            rec.chunk_tokens = [1] * n_chunks
+        else:
+            enc = self.tokenizer.encode
+            rec.chunk_tokens = [max(1, len(enc(t, add_special_tokens=False))) for t in texts]
+
+
+def _error_message(body: str) -> str:
+    """The message of an OpenAI-style error body, else the body itself (shortened)."""
+    try:
+        err = json.loads(body).get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+        if isinstance(err, str):
+            return err
+    except (ValueError, AttributeError):
+        pass
+    return body[:500]
+
+
+class InProcessBackend:
+    """Our async engine in this process: no HTTP in the measurement, for quick runs and tests.
+    Each engine output that brings new tokens counts as one chunk."""
+
+    name = "in-process"
+
+    def __init__(self, async_engine: Any, endpoint: str = "completions", ignore_eos: bool = True):
+        self.engine = async_engine
+        self.chat = endpoint == "chat"
+        self.ignore_eos = ignore_eos
+        self._owned = False
+
+    @classmethod
+    def from_engine_args(cls, model: str, endpoint: str = "completions", **engine_args: Any):
+        from engine.async_engine import AsyncLLMEngine
+        from engine.config import EngineConfig
+        from engine.engine import LLMEngine
+
+        engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args))
+        backend = cls(AsyncLLMEngine(engine), endpoint)
+        backend._owned = True
+        return backend
+
+    async def start(self) -> None:
+        if self._owned:
+            await self.engine.start()
+
+    async def close(self) -> None:
+        if self._owned:
+            await self.engine.stop()
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
+        from engine.request import SamplingParams
+
+        prompt = spec.prompt
+        tokenizer = self.engine.engine.tokenizer
+        if self.chat and tokenizer is not None and tokenizer.chat_template:
+            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        params = SamplingParams(
+            max_tokens=spec.output_len, temperature=0.0, ignore_eos=self.ignore_eos
+        )
+        clock = time.perf_counter
+        rec.send_s = clock() - t0
+        try:
+            stream = self.engine.generate(rec.request_id, prompt, params)
+            async for out in stream:
+                if out.new_token_ids:
+                    rec.chunk_s.append(clock() - t0)
+                    rec.chunk_tokens.append(len(out.new_token_ids))
+                if out.finished:
+                    rec.prompt_tokens = len(out.prompt_token_ids)
+                    rec.output_tokens = len(out.outputs[0].token_ids)
+                    rec.finish_reason = out.outputs[0].finish_reason
+                    rec.error = out.error
+        except asyncio.CancelledError:
+            rec.status, rec.error, rec.end_s = "cancelled", "the run was stopped", clock() - t0
+            raise
+        except Exception as e:  # a bad request or an engine failure: this request fails
+            rec.status, rec.error, rec.end_s = "error", f"{type(e).__name__}: {e}", clock() - t0
+            return
+        rec.end_s = clock() - t0
+        rec.prompt_tokens_source = rec.output_tokens_source = "engine"
+        if rec.error or not rec.chunk_s or rec.finish_reason == "abort":
+            rec.status, rec.error = "error", rec.error or f"ended ({rec.finish_reason}) early"
+            return
+        rec.first_chunk_s = rec.chunk_s[0]
+        rec.status = "ok"

@@ -1,0 +1,116 @@
+"""One benchmark run from a `RunConfig`: the schedule and prompts built up front, the load
+sent through a backend, every record appended to requests.jsonl, and the summary."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.arrivals import Arrivals, take_schedule
+from loadgen.backends import Backend
+from loadgen.config import RunConfig
+from loadgen.metrics import SLO, summarize
+from loadgen.records import RecordWriter
+from loadgen.runner import LoadPlan, LoadRunner, RunOutcome
+from loadgen.traces import read_trace
+from loadgen.workload import PromptBuilder, WorkloadConfig, from_trace, sharegpt, synthetic
+
+
+@dataclass(slots=True)
+class BuiltPlan:
+    plan: LoadPlan
+    arrivals: Arrivals | None  # None: closed loop
+    info: dict[str, Any]  # what was read (trace rows skipped, dataset size), for config.json
+
+
+def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
+    builder = PromptBuilder(tokenizer)
+    info: dict[str, Any] = {}
+    warmup_seed = cfg.seed + 1_000_003  # warm-up prompts never repeat measured ones
+    if cfg.arrival == "trace":
+        assert cfg.trace is not None
+        trace = read_trace(cfg.trace, cfg.trace_format, cfg.trace_model)
+        info["trace"] = {
+            "path": trace.path,
+            "format": trace.format,
+            "rows": len(trace.rows),
+            "skipped_failed": trace.skipped_failed,
+            "skipped_model": trace.skipped_model,
+        }
+        specs = from_trace(trace, builder, cfg.seed)
+        stamps = tuple(row.timestamp_s for row in trace.rows)
+        arrivals = Arrivals("trace", trace_offsets=stamps, time_scale=cfg.time_scale)
+        offsets = take_schedule(arrivals.offsets(), cfg.num_requests or len(specs), cfg.duration)
+        warmup = specs[: cfg.warmup]
+        plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup)
+        return BuiltPlan(plan, arrivals, info)
+
+    if cfg.dataset:
+        kind, _, path = cfg.dataset.partition(":")
+        if kind != "sharegpt" or not path:
+            raise ValueError(f"dataset {cfg.dataset!r}: expected sharegpt:PATH")
+        out_len = cfg.output_len if cfg.output_len != "dataset" else None
+        stream = sharegpt(path, tokenizer, cfg.seed, out_len)
+        warm = sharegpt(path, tokenizer, warmup_seed, out_len)
+    else:
+        wl = WorkloadConfig(
+            cfg.input_len, cfg.output_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed
+        )
+        stream = synthetic(wl, builder)
+        warm = synthetic(dataclasses.replace(wl, seed=warmup_seed), builder)
+    warmup = list(itertools.islice(warm, cfg.warmup))
+    if cfg.closed_loop:
+        plan = LoadPlan(
+            stream, None, cfg.concurrency, cfg.num_requests, cfg.duration, warmup=warmup
+        )
+        return BuiltPlan(plan, None, info)
+    assert cfg.rate is not None
+    arrivals = Arrivals(cfg.arrival, cfg.rate, cfg.burstiness, cfg.seed)
+    offsets = take_schedule(arrivals.offsets(), cfg.num_requests, cfg.duration)
+    specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
+    return BuiltPlan(LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup), arrivals, info)
+
+
+async def run_benchmark(
+    cfg: RunConfig,
+    backend: Backend,
+    built: BuiltPlan,
+    out_dir: Path,
+    on_start: Callable[[LoadRunner], None] | None = None,
+) -> tuple[dict[str, Any], RunOutcome]:
+    """Run the plan; Ctrl-C stops sending, cancels what is in flight and still summarizes
+    every request that finished."""
+    writer = RecordWriter(out_dir / "requests.jsonl")
+    runner = LoadRunner(backend, built.plan, writer.write, run_id=cfg.name)
+    loop = asyncio.get_running_loop()
+    try:
+        loop.add_signal_handler(signal.SIGINT, runner.stop)
+        loop.add_signal_handler(signal.SIGTERM, runner.stop)
+    except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
+        pass
+    if on_start is not None:
+        on_start(runner)
+    try:
+        outcome = await runner.run()
+    finally:
+        writer.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(sig)
+    summary = summarize(
+        outcome.records,
+        outcome.elapsed_s,
+        built.arrivals,
+        SLO.parse(cfg.slo),
+        cfg.max_p99_lag_ms / 1e3,
+    )
+    summary["interrupted"] = outcome.interrupted
+    summary["warmup_requests"] = len(outcome.warmup)
+    return summary, outcome

@@ -1,0 +1,137 @@
+"""A run's whole configuration: a profile (TOML, the same keys as `bench run`'s flags, with
+underscores) overlaid by the flags given, checked once, and recorded with every result."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from loadgen.arrivals import ARRIVALS
+from loadgen.traces import TRACE_FORMATS
+
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+@dataclass(slots=True)
+class RunConfig:
+    name: str = "run"
+    # target: an external server (base_url) or the bundled engine (model + engine settings)
+    base_url: str | None = None
+    model: str = "smollm2-135m"
+    endpoint: str = "completions"  # completions | chat
+    tokenizer: str | None = None
+    api_key: str | None = None
+    in_process: bool = False  # bundled engine without HTTP
+    engine: dict[str, Any] = field(default_factory=dict)
+    # arrivals
+    arrival: str = "poisson"
+    rate: float | None = None
+    burstiness: float = 1.0
+    concurrency: int | None = None
+    trace: str | None = None
+    trace_format: str = "jsonl"
+    trace_model: str | None = None
+    time_scale: float = 1.0
+    num_requests: int | None = None
+    duration: float | None = None
+    warmup: int = 0
+    seed: int = 0
+    # workload
+    input_len: str = "256"
+    output_len: str = "128"
+    dataset: str | None = None
+    shared_prefix_len: int = 0
+    num_prefix_groups: int = 1
+    ignore_eos: bool = True
+    # judging and output
+    slo: str | None = None
+    max_p99_lag_ms: float = 10.0
+    timeout: float = 600.0
+    out: str | None = None
+
+    @property
+    def closed_loop(self) -> bool:
+        return self.arrival != "trace" and self.rate is None and self.concurrency is not None
+
+    def validate(self) -> None:
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"endpoint {self.endpoint!r}: expected completions or chat")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"arrival {self.arrival!r}: expected one of {', '.join(ARRIVALS)}")
+        if self.arrival == "trace":
+            if not self.trace:
+                raise ValueError("--arrival trace needs --trace FILE")
+            if self.trace_format not in TRACE_FORMATS:
+                known = ", ".join(TRACE_FORMATS)
+                raise ValueError(f"trace format {self.trace_format!r}: expected one of {known}")
+        elif self.rate is None and self.concurrency is None:
+            raise ValueError(
+                f"{self.arrival} arrivals need --rate R (or --concurrency C alone: a closed loop)"
+            )
+        if self.arrival == "trace" and self.dataset:
+            raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
+        if self.num_requests is None and self.duration is None and self.arrival != "trace":
+            raise ValueError("give --num-requests N and/or --duration S")
+        for key in ("num_requests", "warmup", "concurrency"):
+            value = getattr(self, key)
+            if value is not None and value < (0 if key == "warmup" else 1):
+                raise ValueError(f"{key} must be >= {0 if key == 'warmup' else 1}, got {value}")
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"duration must be > 0 seconds, got {self.duration}")
+        if self.in_process and self.base_url:
+            raise ValueError("--in-process runs the bundled engine; it cannot go with --base-url")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if d["api_key"]:
+            d["api_key"] = "***"
+        return d
+
+
+def load_profile(name_or_path: str) -> dict[str, Any]:
+    """A profile by name (profiles/NAME.toml) or path, as flat keys."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = PROFILE_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+        raise ValueError(f"profile {name_or_path!r}: no such file; known profiles: {known}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"profile {path}: {e}") from e
+    data.setdefault("name", path.stem)
+    return data
+
+
+def build_config(
+    profile: dict[str, Any], flags: dict[str, Any], engine_names: set[str]
+) -> RunConfig:
+    """Defaults < profile < flags given (None: not given). Engine settings (any key that is an
+    engine argument) go to `engine`; an unknown key is an error naming it."""
+    names = {f.name for f in dataclasses.fields(RunConfig)} - {"engine"}
+    cfg = RunConfig()
+    for source, values in (("profile", profile), ("flag", flags)):
+        for key, value in values.items():
+            if value is None:
+                continue
+            if key in engine_names:
+                cfg.engine[key] = value
+            elif key in names:
+                setattr(cfg, key, _coerce(key, value))
+            else:
+                raise ValueError(f"{source} key {key!r} is not a setting of bench run")
+    cfg.validate()
+    return cfg
+
+
+def _coerce(key: str, value: Any) -> Any:
+    """Profiles may write lengths as numbers and rates as integers."""
+    if key in ("input_len", "output_len"):
+        return str(value)
+    if key in ("rate", "burstiness", "time_scale", "duration", "timeout", "max_p99_lag_ms"):
+        return float(value)
+    return value

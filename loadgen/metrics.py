@@ -1,0 +1,196 @@
+"""Request records -> the run's summary: latency distributions, throughput, goodput, and the
+evidence that the client kept to its schedule.
+
+Peers disagree on names (vLLM's TPOT excludes the first token, guidellm's includes it, AIPerf
+calls vLLM's TPOT "ITL"), so every summary stores the definitions it used."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loadgen.arrivals import Arrivals, ks_pvalue, ks_statistic, ks_two_sample
+from loadgen.records import RequestRecord
+
+DEFINITIONS = {
+    "ttft": "first chunk carrying output - send",
+    "itl": "every gap between successive output chunks, pooled over requests (vLLM)",
+    "itl_per_token": "each gap spread evenly over its chunk's tokens",
+    "tpot": "(e2e - ttft) / (output_tokens - 1) per request; the first token excluded (vLLM)",
+    "e2e": "last chunk or end of stream - send",
+    "queue": "wait for a free slot under a concurrency cap (not in ttft or e2e)",
+    "ttft_with_queue": "ttft + queue: what a user behind the cap would see",
+    "schedule_lag": "send - scheduled - queue: how late the client itself was",
+    "goodput": "completed requests per second that met every SLO (DistServe)",
+    "request_throughput": "completed requests / duration",
+    "duration": "first scheduled send to the end of the last request",
+}
+PERCENTILES = (50, 90, 95, 99)
+DEFAULT_MAX_P99_LAG_S = 0.010
+
+
+def distribution(values: Sequence[float]) -> dict[str, float | None]:
+    """mean, p50, p90, p95, p99, max (linear interpolation, as numpy and vLLM) and count."""
+    if len(values) == 0:
+        return {k: None for k in ("mean", *(f"p{p}" for p in PERCENTILES), "max")} | {"count": 0}
+    a = np.asarray(values, dtype=np.float64)
+    pct = np.percentile(a, PERCENTILES)
+    out: dict[str, Any] = {"mean": float(a.mean())}
+    out |= {f"p{p}": float(v) for p, v in zip(PERCENTILES, pct, strict=True)}
+    return out | {"max": float(a.max()), "count": len(a)}
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Per-request service-level objectives in seconds; None: not constrained."""
+
+    ttft: float | None = None
+    tpot: float | None = None
+    e2e: float | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> SLO:
+        """`ttft=0.5,tpot=0.05,e2e=10` (seconds)."""
+        if not text:
+            return cls()
+        values: dict[str, float] = {}
+        for part in text.split(","):
+            key, _, value = part.partition("=")
+            key = key.strip()
+            if key not in ("ttft", "tpot", "e2e"):
+                raise ValueError(f"SLO {part!r}: expected ttft=S, tpot=S or e2e=S (seconds)")
+            try:
+                values[key] = float(value)
+            except ValueError:
+                raise ValueError(f"SLO {part!r}: {value!r} is not a number of seconds") from None
+            if not values[key] > 0:
+                raise ValueError(f"SLO {part!r}: must be > 0")
+        return cls(**values)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e)) if v}
+
+    def met(self, ttft: float, tpot: float | None, e2e: float) -> bool:
+        return (
+            (self.ttft is None or ttft <= self.ttft)
+            and (self.tpot is None or tpot is None or tpot <= self.tpot)
+            and (self.e2e is None or e2e <= self.e2e)
+        )
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    arrivals: Arrivals | None = None,
+    slo: SLO | None = None,
+    max_p99_lag_s: float = DEFAULT_MAX_P99_LAG_S,
+) -> dict[str, Any]:
+    """The summary of the measured (non-warm-up) records. `arrivals` is the open-loop process
+    the schedule came from (None for a closed loop)."""
+    slo = slo or SLO()
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    ttft, tpot, e2e, itl, itl_tok, queue, good = [], [], [], [], [], [], 0
+    for r in ok:
+        assert r.send_s is not None and r.first_chunk_s is not None and r.end_s is not None
+        t, e = r.first_chunk_s - r.send_s, r.end_s - r.send_s
+        p = (e - t) / (r.output_tokens - 1) if r.output_tokens > 1 else None
+        ttft.append(t)
+        e2e.append(e)
+        queue.append(r.queue_s)
+        if p is not None:
+            tpot.append(p)
+        gaps = np.diff(r.chunk_s)
+        itl.extend(gaps.tolist())
+        for gap, n in zip(gaps, r.chunk_tokens[1:], strict=True):
+            itl_tok.extend([gap / n] * n)
+        good += slo.met(t, p, e)
+    lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    duration = max(duration_s, 1e-9)
+    statuses = Counter(r.status for r in measured)
+    summary: dict[str, Any] = {
+        "ttft_s": distribution(ttft),
+        "itl_s": distribution(itl),
+        "tpot_s": distribution(tpot),
+        "e2e_s": distribution(e2e),
+        "queue_s": distribution(queue),
+        "ttft_with_queue_s": distribution([t + q for t, q in zip(ttft, queue, strict=True)]),
+        "e2e_with_queue_s": distribution([t + q for t, q in zip(e2e, queue, strict=True)]),
+        "schedule_lag_s": distribution(lags),
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out_tokens / duration,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+        "goodput": good / duration if slo.as_dict() else None,
+        "slo": slo.as_dict(),
+        "completed": len(ok),
+        "failed": statuses["error"],
+        "cancelled": statuses["cancelled"],
+        "duration_s": duration_s,
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "tokens_counted_by": dict(Counter(r.output_tokens_source for r in ok)),
+        "definitions": DEFINITIONS,
+    }
+    warnings: list[str] = []
+    if any(n > 1 for r in ok for n in r.chunk_tokens):
+        summary["itl_per_token_s"] = distribution(itl_tok)
+        warnings.append(
+            "some chunks carried more than one token: itl_s is per chunk; itl_per_token_s "
+            "spreads each gap over its tokens"
+        )
+    short = sum(r.output_tokens < r.output_len for r in ok)
+    if short:
+        warnings.append(
+            f"{short} of {len(ok)} requests got fewer output tokens than asked (stopped at EOS? "
+            "the server may not support ignore_eos)"
+        )
+    if statuses["error"]:
+        first = next(r for r in measured if r.status == "error")
+        warnings.append(f"{statuses['error']} requests failed; the first: {first.error}")
+    p99_lag = summary["schedule_lag_s"]["p99"]
+    summary["max_p99_lag_s"] = max_p99_lag_s
+    summary["valid"] = p99_lag is None or p99_lag <= max_p99_lag_s
+    if not summary["valid"]:
+        warnings.append(
+            f"the client fell behind its schedule: p99 lag {p99_lag * 1e3:.1f} ms > "
+            f"{max_p99_lag_s * 1e3:.0f} ms; the load offered was not the load asked for"
+        )
+    if arrivals is not None:
+        summary["arrival_check"] = arrival_check(measured, arrivals)
+    summary["warnings"] = warnings
+    return summary
+
+
+def arrival_check(records: Sequence[RequestRecord], arrivals: Arrivals) -> dict[str, Any]:
+    """Did requests arrive as the target process says? Compares achieved inter-arrival gaps
+    (send - queue, in schedule order) with the target distribution (one-sample KS, Poisson and
+    gamma) and with the schedule's own gaps (two-sample KS: the client's distortion)."""
+    sent = sorted(
+        (r.index, r.scheduled_s, r.send_s - r.queue_s) for r in records if r.send_s is not None
+    )
+    out: dict[str, Any] = {"process": arrivals.kind, "n": len(sent)}
+    if len(sent) < 3:
+        return out
+    scheduled = np.diff([s for _, s, _ in sent])
+    achieved = np.diff([a for _, _, a in sent])
+    span = sent[-1][2] - sent[0][2]
+    sched_span = sent[-1][1] - sent[0][1]
+    out["achieved_rate"] = (len(sent) - 1) / span if span > 0 else None
+    out["scheduled_rate"] = (len(sent) - 1) / sched_span if sched_span > 0 else None
+    if arrivals.kind != "trace":
+        out["target_rate"] = arrivals.rate
+    n = len(achieved)
+    d2 = ks_two_sample(achieved, scheduled)
+    out["ks_vs_schedule"] = {"statistic": d2, "p_value": ks_pvalue(d2, n / 2)}
+    cdf = arrivals.gap_cdf()
+    if cdf is not None:
+        d1 = ks_statistic(achieved, cdf)
+        out["ks_vs_target"] = {"statistic": d1, "p_value": ks_pvalue(d1, n)}
+        out["achieved_gap_cv"] = float(achieved.std() / achieved.mean())
+    return out

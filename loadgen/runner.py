@@ -1,0 +1,222 @@
+"""Sends requests on schedule and records every one.
+
+Open loop: the arrival offsets are computed up front and the dispatcher sleeps to absolute
+times (t0 + offset), so lateness never accumulates; a concurrency cap makes late arrivals wait
+for a slot, and that wait is `queue_s`, kept apart from the client's own lag. Closed loop:
+C workers' worth of slots, each refilled the moment a request ends."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from loadgen.backends import Backend
+from loadgen.records import RequestRecord
+from loadgen.workload import RequestSpec
+
+
+@dataclass(slots=True)
+class LoadPlan:
+    specs: Iterator[RequestSpec]
+    offsets: list[float] | None  # open loop: send offsets in seconds; None: closed loop
+    concurrency: int | None = None  # closed loop's width, or a cap on the open loop
+    num_requests: int | None = None  # closed loop's limits (an open loop's are in offsets)
+    duration_s: float | None = None
+    warmup: list[RequestSpec] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.offsets is None and not self.concurrency:
+            raise ValueError("a closed loop needs a concurrency")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        if self.offsets is None and self.num_requests is None and self.duration_s is None:
+            raise ValueError("a closed loop needs a number of requests or a duration")
+
+    @property
+    def total(self) -> int | None:
+        return len(self.offsets) if self.offsets is not None else self.num_requests
+
+
+@dataclass(slots=True)
+class Progress:
+    """Live counters for the progress bar (measured requests only)."""
+
+    total: int | None = None
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    warming_up: bool = False
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    records: list[RequestRecord]  # measured requests, in the order they ended
+    warmup: list[RequestRecord]
+    elapsed_s: float  # from the first scheduled send to the last request's end
+    interrupted: bool
+
+
+async def sleep_until(t: float) -> None:
+    """Sleep to an absolute perf_counter() time. The event loop wakes up to ~1 ms late (epoll
+    rounds timeouts up to whole milliseconds), so the last stretch yields in a tight loop."""
+    delay = t - time.perf_counter()
+    if delay > 0.002:
+        await asyncio.sleep(delay - 0.0015)
+    while time.perf_counter() < t:
+        await asyncio.sleep(0)
+
+
+class LoadRunner:
+    def __init__(
+        self,
+        backend: Backend,
+        plan: LoadPlan,
+        on_record: Callable[[RequestRecord], None] | None = None,
+        run_id: str = "req",
+    ) -> None:
+        self.backend, self.plan = backend, plan
+        self.on_record = on_record
+        self.run_id = run_id
+        self.progress = Progress(total=plan.total)
+        self.records: list[RequestRecord] = []
+        self.warmup_records: list[RequestRecord] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._dispatcher: asyncio.Task | None = None
+        self._stopped = False
+        self.t0 = 0.0
+
+    def stop(self) -> None:
+        """Stop sending and cancel what is in flight (Ctrl-C); finished records are kept."""
+        self._stopped = True
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def run(self) -> RunOutcome:
+        await self.backend.start()
+        try:
+            if self.plan.warmup and not self._stopped:
+                await self._warmup()
+            self.t0 = time.perf_counter()
+            if not self._stopped:
+                dispatch = self._open_loop() if self.plan.offsets is not None else self._closed()
+                self._dispatcher = asyncio.create_task(dispatch)
+                try:
+                    await self._dispatcher
+                except asyncio.CancelledError:
+                    if not self._stopped:
+                        raise
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            elapsed = time.perf_counter() - self.t0
+        finally:
+            await self.backend.close()
+        return RunOutcome(self.records, self.warmup_records, elapsed, self._stopped)
+
+    async def _warmup(self) -> None:
+        """Warm-up requests, before the clock starts, at most `concurrency` at a time."""
+        self.progress.warming_up = True
+        sem = asyncio.Semaphore(self.plan.concurrency or len(self.plan.warmup))
+        t0 = time.perf_counter()
+
+        async def one(i: int, spec: RequestSpec) -> None:
+            rec = self._record(i, spec, warmup=True)
+            async with sem:
+                rec.scheduled_s = time.perf_counter() - t0
+                await self._send(spec, rec, t0)
+
+        tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(self.plan.warmup)]
+        self._tasks.update(tasks)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.difference_update(tasks)
+        self.progress.warming_up = False
+
+    async def _open_loop(self) -> None:
+        assert self.plan.offsets is not None
+        cap = asyncio.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
+        for i, (offset, spec) in enumerate(zip(self.plan.offsets, self.plan.specs, strict=False)):
+            await sleep_until(self.t0 + offset)
+            rec = self._record(i, spec)
+            rec.scheduled_s = offset
+            self._launch(self._capped(spec, rec, cap))
+
+    async def _capped(
+        self, spec: RequestSpec, rec: RequestRecord, cap: asyncio.Semaphore | None
+    ) -> None:
+        if cap is None:
+            await self._send(spec, rec, self.t0)
+            return
+        arrived = time.perf_counter()
+        try:
+            await cap.acquire()
+        except asyncio.CancelledError:
+            rec.status, rec.error = "cancelled", "stopped while waiting for a slot"
+            self._finish(rec)
+            raise
+        try:
+            rec.queue_s = time.perf_counter() - arrived
+            await self._send(spec, rec, self.t0)
+        finally:
+            cap.release()
+
+    async def _closed(self) -> None:
+        plan = self.plan
+        assert plan.concurrency is not None
+        slots = asyncio.Semaphore(plan.concurrency)
+        for i in itertools.count():
+            if plan.num_requests is not None and i >= plan.num_requests:
+                return
+            await slots.acquire()
+            now = time.perf_counter() - self.t0
+            spec = next(plan.specs, None)
+            if spec is None or (plan.duration_s is not None and now >= plan.duration_s):
+                slots.release()
+                return
+            rec = self._record(i, spec)
+            rec.scheduled_s = now  # a closed loop sends the moment a slot frees up
+            self._launch(self._send(spec, rec, self.t0, release=slots))
+
+    def _record(self, i: int, spec: RequestSpec, warmup: bool = False) -> RequestRecord:
+        rid = f"{self.run_id}-{'w' if warmup else ''}{i}"
+        return RequestRecord(i, rid, spec.input_len, spec.output_len, warmup=warmup)
+
+    def _launch(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self.progress.sent += 1
+
+    async def _send(
+        self,
+        spec: RequestSpec,
+        rec: RequestRecord,
+        t0: float,
+        release: asyncio.Semaphore | None = None,
+    ) -> None:
+        self.progress.in_flight += not rec.warmup
+        try:
+            await self.backend.send(spec, rec, t0)
+        except asyncio.CancelledError:
+            rec.status = "cancelled"
+            raise
+        except Exception as e:  # a backend bug must not take the run down: record it
+            rec.status, rec.error = "error", f"{type(e).__name__}: {e}"
+        finally:
+            self.progress.in_flight -= not rec.warmup
+            if release is not None:
+                release.release()
+            self._finish(rec)
+
+    def _finish(self, rec: RequestRecord) -> None:
+        if rec.status == "pending":
+            rec.status = "error"
+        (self.warmup_records if rec.warmup else self.records).append(rec)
+        if not rec.warmup:
+            self.progress.completed += rec.ok
+            self.progress.failed += not rec.ok
+        if self.on_record is not None:
+            self.on_record(rec)

@@ -1,0 +1,193 @@
+"""What each request asks for: prompts of exact token lengths built from the model's own
+vocabulary, output lengths, shared-prefix groups, ShareGPT conversations and trace replays."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadgen.traces import MOONCAKE_BLOCK_TOKENS, Trace
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    prompt: str  # the completion prompt, or the user message for chat
+    input_len: int  # its tokens, counted by our tokenizer
+    output_len: int  # max_tokens (with ignore_eos where the server supports it)
+
+
+@dataclass(frozen=True, slots=True)
+class LengthDist:
+    """A token length: fixed `N`, `uniform:lo:hi`, `normal:mean:std` or `lognormal:mean:sigma`
+    (mean of the lengths themselves; sigma of the underlying normal). Samples are >= 1."""
+
+    kind: str
+    a: float
+    b: float = 0.0
+
+    @classmethod
+    def parse(cls, text: str | int) -> LengthDist:
+        spec = str(text).strip()
+        parts = spec.split(":")
+        try:
+            if len(parts) == 1:
+                return cls._checked("fixed", float(int(parts[0])), 0.0, spec)
+            if len(parts) == 3 and parts[0] in ("uniform", "normal", "lognormal"):
+                return cls._checked(parts[0], float(parts[1]), float(parts[2]), spec)
+        except ValueError:
+            pass
+        raise ValueError(
+            f"length {spec!r}: expected N, uniform:lo:hi, normal:mean:std or lognormal:mean:sigma"
+        )
+
+    @classmethod
+    def _checked(cls, kind: str, a: float, b: float, spec: str) -> LengthDist:
+        ok = {
+            "fixed": a >= 1,
+            "uniform": 1 <= a <= b,
+            "normal": a >= 1 and b >= 0,
+            "lognormal": a >= 1 and b >= 0,
+        }[kind]
+        if not ok:
+            raise ValueError(f"length {spec!r}: out of range (lengths are >= 1 token)")
+        return cls(kind, a, b)
+
+    def sample(self, rng: np.random.Generator) -> int:
+        if self.kind == "fixed":
+            x = self.a
+        elif self.kind == "uniform":
+            x = rng.integers(int(self.a), int(self.b) + 1)
+        elif self.kind == "normal":
+            x = rng.normal(self.a, self.b)
+        else:
+            x = rng.lognormal(math.log(self.a) - self.b**2 / 2, self.b)
+        return max(1, round(float(x)))
+
+
+class PromptBuilder:
+    """Random prompts of exactly n tokens. It draws from the vocabulary's " word" tokens (a
+    space then letters): the tokenizer splits text before every space, so a string of such
+    words encodes back to exactly the same ids, and blocks of them concatenate safely."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        ids, words = [], []
+        for i in range(tokenizer.vocab_size):
+            s = tokenizer.decode([i])
+            if re.fullmatch(r" [a-z]{2,}", s) and tokenizer.encode(s, False) == [i]:
+                ids.append(i)
+                words.append(s)
+        self.word_ids = np.asarray(ids, dtype=np.int64)
+        self.words = words
+        if len(ids) < 100 or not self._concatenates(np.random.default_rng(0)):
+            raise ValueError(
+                "this tokenizer has too few ' word' tokens that re-encode to themselves to build "
+                "exact-length prompts; use a byte-level BPE tokenizer (--tokenizer smollm2-135m)"
+            )
+
+    def _concatenates(self, rng: np.random.Generator) -> bool:
+        picks = rng.integers(0, len(self.words), 2000)
+        text = "".join(self.words[k] for k in picks)
+        return (
+            self.tokenizer.encode(text, add_special_tokens=False) == self.word_ids[picks].tolist()
+        )
+
+    def tokens(self, n: int, rng: np.random.Generator) -> list[int]:
+        """n word-token indices into `self.words` (not token ids)."""
+        return rng.integers(0, len(self.words), n).tolist()
+
+    def text(self, picks: list[int]) -> str:
+        return "".join(self.words[k] for k in picks)
+
+    def prompt(self, n: int, rng: np.random.Generator) -> str:
+        return self.text(self.tokens(n, rng))
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    input_len: str = "256"
+    output_len: str = "128"
+    shared_prefix_len: int = 0
+    num_prefix_groups: int = 1
+    seed: int = 0
+
+
+def synthetic(cfg: WorkloadConfig, builder: PromptBuilder) -> Iterator[RequestSpec]:
+    """Endless random requests; with shared prefixes, request i extends group i % G's prefix."""
+    rng = np.random.default_rng([cfg.seed, 1])
+    inp, out = LengthDist.parse(cfg.input_len), LengthDist.parse(cfg.output_len)
+    if cfg.shared_prefix_len < 0 or cfg.num_prefix_groups < 1:
+        raise ValueError("shared prefix length must be >= 0 and prefix groups >= 1")
+    prefixes = [builder.tokens(cfg.shared_prefix_len, rng) for _ in range(cfg.num_prefix_groups)]
+    for i in itertools.count():
+        n = inp.sample(rng)
+        picks = prefixes[i % len(prefixes)] + builder.tokens(n, rng)
+        yield RequestSpec(builder.text(picks), len(picks), out.sample(rng))
+
+
+def from_trace(trace: Trace, builder: PromptBuilder, seed: int) -> list[RequestSpec]:
+    """One request per trace row. Mooncake hash ids become 512-token blocks, the same ids for
+    the same hash id in every request, so the trace's prefix sharing is replayed exactly."""
+    blocks: dict[int, list[int]] = {}
+    rng = np.random.default_rng([seed, 2])
+    specs = []
+    for row in trace.rows:
+        if row.hash_ids:
+            picks: list[int] = []
+            for h in row.hash_ids:
+                if h not in blocks:
+                    blocks[h] = builder.tokens(MOONCAKE_BLOCK_TOKENS, rng)
+                picks += blocks[h]
+            picks = picks[: row.input_len]
+        else:
+            picks = builder.tokens(row.input_len, rng)
+        specs.append(RequestSpec(builder.text(picks), len(picks), row.output_len))
+    return specs
+
+
+def sharegpt(
+    path: str | Path, tokenizer: Any, seed: int, output_len: str | None = None
+) -> Iterator[RequestSpec]:
+    """First user turn as the prompt, the reply's length as the output length (unless given);
+    like vLLM, drops pairs under 4 tokens, prompts over 1024 and pairs over 2048 tokens."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"dataset {path}: not a readable JSON file: {e}") from e
+    if not isinstance(data, list):
+        raise ValueError(f"dataset {path}: expected a JSON list of conversations")
+    fixed_out = LengthDist.parse(output_len) if output_len is not None else None
+    rng = np.random.default_rng([seed, 3])
+    pairs: list[tuple[str, int, int | None]] = []
+    for k, item in enumerate(data):
+        turns = item.get("conversations", item.get("messages")) if isinstance(item, dict) else None
+        if not isinstance(turns, list):
+            raise ValueError(f"dataset {path}: entry {k} has no 'conversations' list")
+        if len(turns) < 2:
+            continue
+        try:
+            prompt, reply = (t.get("value", t.get("content")) for t in turns[:2])
+        except AttributeError:
+            raise ValueError(f"dataset {path}: entry {k}: a turn is not an object") from None
+        if not isinstance(prompt, str) or not isinstance(reply, str):
+            raise ValueError(f"dataset {path}: entry {k}: a turn has no 'value' text")
+        n_in = len(tokenizer.encode(prompt, add_special_tokens=False))
+        n_out = len(tokenizer.encode(reply, add_special_tokens=False))
+        if n_in < 4 or n_out < 4 or n_in > 1024 or n_in + n_out > 2048:
+            continue
+        pairs.append((prompt, n_in, None if fixed_out else n_out))
+    if not pairs:
+        raise ValueError(f"dataset {path}: no usable conversation (need two turns of 4+ tokens)")
+    while True:  # a fresh seeded shuffle each pass, so any request count can be served
+        for k in rng.permutation(len(pairs)):
+            prompt, n_in, n_out = pairs[k]
+            yield RequestSpec(prompt, n_in, n_out if n_out is not None else fixed_out.sample(rng))
