@@ -33,11 +33,11 @@ class Arrivals:
         if self.kind == "trace":
             if not self.trace_offsets:
                 raise ValueError("trace arrivals need the trace's timestamps")
-            if self.time_scale <= 0:
+            if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
                 raise ValueError(f"time scale must be > 0, got {self.time_scale}")
         elif not (self.rate > 0 and math.isfinite(self.rate)):
             raise ValueError(f"{self.kind} arrivals need a finite rate > 0, got {self.rate}")
-        if self.kind == "gamma" and not self.burstiness > 0:
+        if self.kind == "gamma" and not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
 
     def offsets(self) -> Iterator[float]:

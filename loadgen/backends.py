@@ -137,7 +137,8 @@ class OpenAIBackend:
         self, rec: RequestRecord, texts: list[str], usage: dict[str, Any] | None
     ) -> None:
         """Output tokens from the server's usage, else our tokenizer, else one per chunk; and
-        tokens per chunk: one each when they add up, else our tokenizer's split."""
+        tokens per chunk: one each when they add up, else our tokenizer's split of each
+        chunk's text, else the total spread evenly."""
         n_chunks = len(texts)
         if usage and usage.get("completion_tokens") is not None:
             rec.output_tokens, rec.output_tokens_source = int(usage["completion_tokens"]), "usage"
@@ -150,11 +151,14 @@ class OpenAIBackend:
             rec.prompt_tokens, rec.prompt_tokens_source = int(usage["prompt_tokens"]), "usage"
         else:
             rec.prompt_tokens, rec.prompt_tokens_source = rec.input_len, "tokenizer"
-        if rec.output_tokens == n_chunks or self.tokenizer is None:
+        if rec.output_tokens == n_chunks:
             rec.chunk_tokens = [1] * n_chunks
-        else:
+        elif self.tokenizer is not None:
             enc = self.tokenizer.encode
             rec.chunk_tokens = [max(1, len(enc(t, add_special_tokens=False))) for t in texts]
+        else:  # spread evenly: the best guess without a tokenizer
+            q, r = divmod(max(rec.output_tokens, n_chunks), n_chunks)
+            rec.chunk_tokens = [q + (k < r) for k in range(n_chunks)]
 
 
 def _error_message(body: str) -> str:

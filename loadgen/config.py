@@ -13,6 +13,10 @@ from loadgen.arrivals import ARRIVALS
 from loadgen.traces import TRACE_FORMATS
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+# A profile key is dropped when a flag gives the key it maps to: `--concurrency 8` over a
+# Poisson profile is a closed loop (not Poisson capped at 8) unless --rate is given too, and
+# `--duration 60` is not also cut at the profile's request count (nor the other way round).
+DROPPED_BY = {"rate": "concurrency", "num_requests": "duration", "duration": "num_requests"}
 
 
 @dataclass(slots=True)
@@ -110,20 +114,23 @@ def load_profile(name_or_path: str) -> dict[str, Any]:
 def build_config(
     profile: dict[str, Any], flags: dict[str, Any], engine_names: set[str]
 ) -> RunConfig:
-    """Defaults < profile < flags given (None: not given). Engine settings (any key that is an
-    engine argument) go to `engine`; an unknown key is an error naming it."""
+    """Defaults < profile < flags given (None: not given), less the profile keys a flag
+    makes moot (DROPPED_BY). Engine settings (any key that is an engine argument) go to
+    `engine`; an unknown key is an error naming it."""
     names = {f.name for f in dataclasses.fields(RunConfig)} - {"engine"}
+    given = {k for k, v in flags.items() if v is not None}
+    profile = {k: v for k, v in profile.items() if DROPPED_BY.get(k) not in given}
     cfg = RunConfig()
     for source, values in (("profile", profile), ("flag", flags)):
         for key, value in values.items():
             if value is None:
                 continue
+            if key not in names and key not in engine_names:
+                raise ValueError(f"{source} key {key!r} is not a setting of bench run")
+            if key in names:  # `seed` is both: it seeds the run and the engine
+                setattr(cfg, key, _coerce(key, value))
             if key in engine_names:
                 cfg.engine[key] = value
-            elif key in names:
-                setattr(cfg, key, _coerce(key, value))
-            else:
-                raise ValueError(f"{source} key {key!r} is not a setting of bench run")
     cfg.validate()
     return cfg
 

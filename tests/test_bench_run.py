@@ -1,0 +1,135 @@
+"""`bench run` end to end: against the bundled engine (a tiny random model behind SmolLM2's
+tokenizer) in-process and through HTTP, its results folder, Ctrl-C mid-run, and bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from bench_cli.run_command import execute
+
+SMALL = {
+    "model": "tiny-smollm2",
+    "rate": 20.0,
+    "num_requests": 12,
+    "warmup": 2,
+    "input_len": "uniform:8:48",
+    "output_len": "6",
+    "slo": "ttft=5,tpot=1",
+}
+
+
+def bench_run(tmp_path: Path, profile: str = "default", **flags: Any) -> tuple[int, str, Path]:
+    out = tmp_path / "run"
+    buf = io.StringIO()
+    console = Console(file=buf, width=120)
+    flags = {**SMALL, "out": str(out), **flags}
+    rc = execute(profile, flags, dashboard=False, console=console)
+    return rc, buf.getvalue(), out
+
+
+@pytest.mark.parametrize(
+    ("target", "flags"),
+    [
+        ("in-process", {"in_process": True}),
+        ("HTTP", {}),
+        ("HTTP chat, closed loop", {"endpoint": "chat", "rate": None, "concurrency": 4}),
+    ],
+)
+def test_run_against_the_bundled_engine(tmp_path: Path, target: str, flags: dict) -> None:
+    rc, printed, out = bench_run(tmp_path, max_num_seqs=8, **flags)
+    assert rc == 0, printed
+    assert "Successful requests" in printed and "TTFT" in printed
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    measured = [r for r in records if not r["warmup"]]
+    assert len(records) == 14 and len(measured) == 12
+    assert all(r["status"] == "ok" and r["output_tokens"] == 6 for r in records)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 12 and summary["failed"] == 0
+    assert summary["total_output_tokens"] == 72
+    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s", "schedule_lag_s"):
+        assert set(summary[key]) >= {"mean", "p50", "p90", "p95", "p99", "max"}
+    assert summary["config"]["run"]["model"] == "tiny-smollm2"
+    assert summary["config"]["engine"]["scheduler"]["max_num_seqs"] == 8
+    config = json.loads((out / "config.json").read_text())
+    assert config["versions"]["torch"] and "cpu_count" in config["hardware"]
+    assert len(pd.read_csv(out / "summary.csv")) == 1
+    if target == "in-process":
+        assert all(r["prompt_tokens"] == r["input_len"] for r in records)
+    else:  # the server's usage counts the prompt; chat adds its template's tokens
+        assert all(r["prompt_tokens_source"] == "usage" for r in records)
+        grew = [r["prompt_tokens"] > r["input_len"] for r in records]
+        assert all(grew) if "chat" in target else not any(grew)
+        assert (out / "server.log").exists()
+    if "closed" in target:
+        assert "arrival_check" not in summary
+    else:
+        assert summary["arrival_check"]["process"] == "poisson"
+
+
+def test_ctrl_c_keeps_every_finished_record(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    url = mock_server("--ttft", "0.05", "--itl", "0.01")
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "bench_cli", "run", "--base-url", url, "--model", "mock"]
+    cmd += ["--rate", "40", "--num-requests", "5000", "--output-len", "8", "--input-len", "16"]
+    cmd += ["--no-dashboard", "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    jsonl = out / "requests.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if jsonl.exists() and len(jsonl.read_text().splitlines()) >= 22:  # 2 warm-up
+            break
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGINT)
+    printed, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, printed
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    ok = [r for r in records if r["status"] == "ok" and not r["warmup"]]
+    assert len(ok) >= 20 and len(records) < 5000
+    assert {r["status"] for r in records} <= {"ok", "cancelled"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and summary["completed"] == len(ok)
+    assert "interrupted" in printed
+
+
+def test_a_broken_trace_names_the_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_len": 5, "output_len": 3}\n{"timestamp": 1}\n')
+    rc, printed, _ = bench_run(
+        tmp_path, arrival="trace", trace=str(trace), trace_format="jsonl", rate=None
+    )
+    assert rc == 2
+    assert "t.jsonl" in printed and "line 2" in printed
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        ({"arrival": "gamma", "rate": None, "profile": "bare"}, "need --rate"),
+        ({"input_len": "uniform:9:2"}, "out of range"),
+        ({"model": "no-such-model", "tokenizer": "no-such-model"}, "no-such-model"),
+        ({"dataset": "csv:x"}, "sharegpt:PATH"),
+    ],
+)
+def test_bad_settings_are_clear_errors(tmp_path: Path, flags: dict, error: str) -> None:
+    if flags.get("profile") == "bare":  # a profile that gives no rate
+        (tmp_path / "bare.toml").write_text('name = "bare"\n')
+        flags = {**flags, "profile": str(tmp_path / "bare.toml")}
+    rc, printed, out = bench_run(tmp_path, **flags)
+    assert rc == 2 and error in printed
+    assert not out.exists()  # nothing half-written

@@ -1,0 +1,264 @@
+"""A run's configuration: profiles, the defaults < profile < flags overlay, engine settings,
+validation and the recorded form."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.config import engine_arg_names
+from loadgen.config import PROFILE_DIR, RunConfig, build_config, load_profile
+
+ENGINE = {"max_num_seqs", "batching"}
+BASE = {"rate": 2.0, "num_requests": 10}  # the least a valid open-loop run needs
+
+
+def build(profile: dict[str, Any] | None = None, **flags: Any) -> RunConfig:
+    return build_config(profile if profile is not None else dict(BASE), flags, ENGINE)
+
+
+# ---- profiles ---------------------------------------------------------------------------------
+
+
+def test_default_profile_is_read_by_name() -> None:
+    profile = load_profile("default")
+    assert profile["name"] == "default"
+    assert (profile["arrival"], profile["rate"], profile["num_requests"]) == ("poisson", 0.5, 50)
+    cfg = build_config(profile, {}, engine_arg_names())
+    assert (cfg.name, cfg.rate, cfg.input_len, cfg.output_len) == (
+        "default",
+        0.5,
+        "uniform:64:256",
+        "64",
+    )
+
+
+def test_profile_by_path_is_named_after_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "nightly.toml"
+    path.write_text("rate = 3\nnum_requests = 7\ninput_len = 512\n")
+    assert load_profile(str(path)) == {
+        "name": "nightly",
+        "rate": 3,
+        "num_requests": 7,
+        "input_len": 512,
+    }
+    path.write_text('name = "mine"\nrate = 3\n')
+    assert load_profile(str(path))["name"] == "mine"
+
+
+def test_missing_profile_lists_the_known_ones() -> None:
+    known = sorted(p.stem for p in PROFILE_DIR.glob("*.toml"))
+    assert "default" in known
+    with pytest.raises(ValueError, match=r"'no-such-profile'.*known profiles.*'default'") as e:
+        load_profile("no-such-profile")
+    assert str(known) in str(e.value)
+
+
+def test_bad_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("rate = = 2\n")
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        load_profile(str(path))
+
+
+# ---- the overlay ------------------------------------------------------------------------------
+
+
+def test_defaults_then_profile_then_flags() -> None:
+    profile = {"rate": 2, "num_requests": 10, "input_len": "uniform:1:9", "seed": 3}
+    cfg = build(profile, rate=5.0, num_requests=None, output_len="17", warmup=None)
+    assert cfg.rate == 5.0  # the flag wins
+    assert cfg.num_requests == 10  # a flag of None was not given
+    assert cfg.input_len == "uniform:1:9"  # the profile's
+    assert cfg.output_len == "17"  # the flag's over the default
+    assert cfg.seed == 3
+    assert (cfg.warmup, cfg.model, cfg.arrival, cfg.endpoint) == (
+        0,
+        "smollm2-135m",
+        "poisson",
+        "completions",
+    )
+    assert cfg.engine == {}
+
+
+def test_defaults_are_kept_without_a_profile() -> None:
+    cfg = build_config({}, {"rate": 1, "duration": 30}, ENGINE)
+    expected = RunConfig(rate=1.0, duration=30.0)
+    assert cfg == expected
+
+
+def test_engine_settings_go_to_engine() -> None:
+    cfg = build({**BASE, "max_num_seqs": 8, "batching": "static"}, max_num_seqs=16, batching=None)
+    assert cfg.engine == {"max_num_seqs": 16, "batching": "static"}
+
+
+def test_real_engine_argument_names_go_to_engine() -> None:
+    flags = {"max_num_seqs": 4, "block_size": 32, "enable_chunked_prefill": False, "dtype": None}
+    cfg = build_config(dict(BASE), flags, engine_arg_names())
+    assert cfg.engine == {"max_num_seqs": 4, "block_size": 32, "enable_chunked_prefill": False}
+
+
+def test_seed_flag_seeds_the_run_with_the_real_engine_names() -> None:
+    cfg = build_config(load_profile("default"), {"seed": 5}, engine_arg_names())
+    assert cfg.seed == 5
+
+
+@pytest.mark.parametrize(
+    ("profile", "flags", "message"),
+    [
+        ({**BASE, "ratee": 2}, {}, "profile key 'ratee'"),
+        (BASE, {"num_request": 3}, "flag key 'num_request'"),
+        (BASE, {"engine": {"max_num_seqs": 2}}, "flag key 'engine'"),
+        ({**BASE, "block_size": 16}, {}, "profile key 'block_size'"),  # not in ENGINE here
+    ],
+)
+def test_unknown_keys_are_named_with_their_source(
+    profile: dict[str, Any], flags: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_config(profile, flags, ENGINE)
+
+
+def test_unknown_none_flag_is_ignored() -> None:
+    """A flag of None was not given, whatever its name."""
+    assert build(num_request=None).num_requests == 10
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("input_len", 128, "128"),
+        ("output_len", 64, "64"),
+        ("input_len", "uniform:1:5", "uniform:1:5"),
+        ("rate", 3, 3.0),
+        ("duration", 60, 60.0),
+        ("time_scale", 2, 2.0),
+        ("timeout", 30, 30.0),
+    ],
+)
+def test_profile_values_are_coerced(key: str, value: Any, expected: Any) -> None:
+    got = getattr(build({**BASE, key: value}), key)
+    assert got == expected
+    assert type(got) is type(expected)
+
+
+@pytest.mark.parametrize(
+    ("flags", "closed"),
+    [
+        ({"concurrency": 4}, True),
+        ({"concurrency": 4, "rate": 2.0}, False),
+        ({"rate": 2.0}, False),
+        ({"concurrency": 4, "arrival": "trace", "trace": "t.jsonl"}, False),
+    ],
+)
+def test_closed_loop(flags: dict[str, Any], closed: bool) -> None:
+    assert build_config({"num_requests": 5}, flags, ENGINE).closed_loop is closed
+
+
+def test_an_arrival_flag_replaces_the_profiles_arrival_group() -> None:
+    """`--concurrency 8` over a Poisson profile is a closed loop, not Poisson capped at 8."""
+    cfg = build_config(load_profile("default"), {"concurrency": 8}, ENGINE)
+    assert (cfg.rate, cfg.concurrency, cfg.closed_loop) == (None, 8, True)
+    assert cfg.num_requests == 50  # the other group is the profile's
+    cfg = build_config(load_profile("default"), {"concurrency": 8, "rate": 1.0}, ENGINE)
+    assert (cfg.rate, cfg.concurrency, cfg.closed_loop) == (1.0, 8, False)
+
+
+@pytest.mark.parametrize(
+    ("flags", "num_requests", "duration"),
+    [({"duration": 60}, None, 60.0), ({"num_requests": 5}, 5, None), ({}, 50, None)],
+)
+def test_a_stop_flag_replaces_the_profiles_stop_group(
+    flags: dict[str, Any], num_requests: int | None, duration: float | None
+) -> None:
+    cfg = build_config(load_profile("default"), flags, ENGINE)
+    assert (cfg.num_requests, cfg.duration, cfg.rate) == (num_requests, duration, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("profile", "flags"),
+    [
+        (
+            {"arrival": "trace", "trace": "t.jsonl", "trace_format": "mooncake"},
+            {"time_scale": 0.5},
+        ),
+        ({"arrival": "gamma", "rate": 2.0, "num_requests": 5}, {"burstiness": 0.5}),
+    ],
+)
+def test_a_modifier_flag_keeps_the_profiles_arrival(
+    profile: dict[str, Any], flags: dict[str, Any]
+) -> None:
+    cfg = build_config(profile, flags, ENGINE)
+    assert cfg.arrival == profile["arrival"]
+
+
+# ---- validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"num_requests": 5}, "poisson arrivals need --rate"),
+        ({"num_requests": 5, "arrival": "gamma"}, "gamma arrivals need --rate"),
+        ({"rate": 1.0, "num_requests": 5, "arrival": "bursty"}, "arrival 'bursty'"),
+        ({"arrival": "trace"}, "needs --trace FILE"),
+        ({"arrival": "trace", "trace": "t.csv", "trace_format": "csv"}, "trace format 'csv'"),
+        ({"rate": 1.0}, "--num-requests N and/or --duration S"),
+        ({"rate": 1.0, "num_requests": 5, "warmup": -1}, "warmup must be >= 0"),
+        ({"concurrency": 0, "num_requests": 5}, "concurrency must be >= 1"),
+        ({"rate": 1.0, "num_requests": 0}, "num_requests must be >= 1"),
+        ({"rate": 1.0, "duration": 0}, "duration must be > 0"),
+        ({"rate": 1.0, "duration": -5}, "duration must be > 0"),
+        ({**BASE, "in_process": True, "base_url": "http://h/v1"}, "cannot go with --base-url"),
+        (
+            {"arrival": "trace", "trace": "t.jsonl", "dataset": "sg.json"},
+            "cannot go with --arrival trace",
+        ),
+        ({**BASE, "endpoint": "embeddings"}, "endpoint 'embeddings'"),
+    ],
+)
+def test_invalid_configs_are_refused(flags: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_config({}, flags, ENGINE)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"arrival": "trace", "trace": "t.jsonl"},  # a trace gives its own count
+        {"rate": 1.0, "duration": 0.5, "warmup": 0},
+        {"concurrency": 1, "num_requests": 1},
+        {**BASE, "in_process": True},
+        {**BASE, "base_url": "http://h/v1", "endpoint": "chat", "dataset": "sg.json"},
+        {"arrival": "trace", "trace": "b.csv", "trace_format": "burstgpt"},
+    ],
+)
+def test_valid_configs_pass(flags: dict[str, Any]) -> None:
+    build_config({}, flags, ENGINE)
+
+
+def test_validation_runs_after_the_overlay() -> None:
+    """A profile missing the rate is fine when the flags give one (and the reverse)."""
+    assert build_config({"num_requests": 3}, {"rate": 1.0}, ENGINE).rate == 1.0
+    with pytest.raises(ValueError, match="concurrency"):
+        build_config({**BASE, "concurrency": 2}, {"concurrency": 0}, ENGINE)
+
+
+# ---- the recorded form ------------------------------------------------------------------------
+
+
+def test_to_dict_masks_the_api_key() -> None:
+    cfg = build(api_key="sk-secret", max_num_seqs=8)
+    d = cfg.to_dict()
+    assert d["api_key"] == "***"
+    assert "sk-secret" not in repr(d)
+    assert cfg.api_key == "sk-secret"  # the config itself keeps it
+    assert d["engine"] == {"max_num_seqs": 8}
+    assert (d["rate"], d["num_requests"], d["name"]) == (2.0, 10, "run")
+
+
+def test_to_dict_without_an_api_key() -> None:
+    assert build().to_dict()["api_key"] is None

@@ -1,0 +1,184 @@
+"""Metric definitions on hand-made records, and backends against misbehaving servers:
+every failure becomes a record that says what went wrong, never a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from loadgen.backends import OpenAIBackend
+from loadgen.metrics import SLO, distribution, summarize
+from loadgen.records import RecordWriter, RequestRecord, read_records
+from loadgen.workload import RequestSpec
+
+
+def rec(i: int, send: float, chunks: list[float], tokens: int, **kw: object) -> RequestRecord:
+    r = RequestRecord(i, f"r{i}", 10, tokens, scheduled_s=send, send_s=send, **kw)
+    r.chunk_s, r.chunk_tokens = chunks, [1] * len(chunks)
+    r.first_chunk_s, r.end_s = chunks[0], chunks[-1]
+    r.prompt_tokens, r.output_tokens, r.status = 10, tokens, "ok"
+    return r
+
+
+def test_definitions_on_known_records() -> None:
+    a = rec(0, 0.0, [0.5, 0.6, 0.7, 0.8], 4)  # TTFT .5, ITLs .1, TPOT .1, E2E .8
+    b = rec(1, 1.0, [1.2, 1.6], 2)  # TTFT .2, ITL .4, TPOT .4, E2E .6
+    failed = RequestRecord(2, "r2", 10, 4, scheduled_s=1.5, send_s=1.5, status="error")
+    warm = rec(3, -5.0, [-4.0, -3.0], 2, warmup=True)
+    s = summarize([a, b, failed, warm], duration_s=2.0, slo=SLO(ttft=0.3))
+    assert s["ttft_s"]["mean"] == pytest.approx(0.35)
+    assert s["ttft_s"]["max"] == pytest.approx(0.5)
+    assert s["itl_s"]["count"] == 4 and s["itl_s"]["max"] == pytest.approx(0.4)
+    assert s["itl_s"]["mean"] == pytest.approx((0.1 * 3 + 0.4) / 4)  # pooled over requests
+    assert s["tpot_s"]["mean"] == pytest.approx((0.1 + 0.4) / 2)  # per request
+    assert s["e2e_s"]["p50"] == pytest.approx(0.7)
+    assert s["completed"] == 2 and s["failed"] == 1
+    assert s["request_throughput"] == pytest.approx(1.0)
+    assert s["output_throughput"] == pytest.approx(3.0)
+    assert s["total_token_throughput"] == pytest.approx(13.0)
+    assert s["goodput"] == pytest.approx(0.5)  # only b met TTFT <= 0.3
+    assert s["schedule_lag_s"]["max"] == 0.0
+    assert "tpot" in s["definitions"] and any("failed" in w for w in s["warnings"])
+
+
+def test_single_token_requests_have_no_tpot_and_pass_a_tpot_slo() -> None:
+    s = summarize([rec(0, 0.0, [0.1], 1)], 1.0, slo=SLO(tpot=0.01))
+    assert s["tpot_s"]["count"] == 0 and s["itl_s"]["count"] == 0
+    assert s["goodput"] == pytest.approx(1.0)
+
+
+def test_late_sends_make_a_run_invalid() -> None:
+    recs = [rec(i, float(i), [i + 0.1, i + 0.2], 2) for i in range(10)]
+    recs[-1].send_s = 9.05  # 50 ms late
+    s = summarize(recs, 10.0, max_p99_lag_s=0.010)
+    assert not s["valid"] and any("fell behind" in w for w in s["warnings"])
+    assert summarize(recs[:-1], 10.0)["valid"]
+
+
+def test_short_outputs_warn() -> None:
+    r = rec(0, 0.0, [0.1, 0.2], 2)
+    r.output_len = 8  # asked for 8, got 2: the server stopped at EOS
+    assert any("fewer output tokens" in w for w in summarize([r], 1.0)["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("ttft=0.5,tpot=x", "not a number"), ("latency=1", "expected"), ("e2e=0", "> 0")],
+)
+def test_bad_slo(text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        SLO.parse(text)
+
+
+def test_slo_parse_and_empty_distribution() -> None:
+    assert SLO.parse("ttft=0.5, tpot=0.05,e2e=10") == SLO(0.5, 0.05, 10.0)
+    assert SLO.parse(None).as_dict() == {}
+    assert distribution([])["count"] == 0 and distribution([])["p99"] is None
+
+
+def test_records_round_trip_through_jsonl(tmp_path: Path) -> None:
+    writer = RecordWriter(tmp_path / "requests.jsonl")
+    a = rec(0, 0.0, [0.5, 0.6], 2)
+    b = RequestRecord(1, "r1", 3, 4, status="cancelled", error="stopped")
+    writer.write(a)
+    writer.write(b)  # flushed at once: readable before close
+    back = read_records(tmp_path / "requests.jsonl")
+    writer.close()
+    assert back[0] == a
+    assert back[1].status == "cancelled" and math.isnan(back[1].scheduled_s)
+
+
+# ---- backends against misbehaving servers ------------------------------------------------
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+async def _serve_and_send(handler: Handler, timeout_s: float = 5.0) -> RequestRecord:
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", timeout_s=timeout_s)
+    await backend.start()
+    r = RequestRecord(0, "r0", 3, 4)
+    try:
+        await backend.send(RequestSpec("hi", 3, 4), r, 0.0)
+    finally:
+        await backend.close()
+        await runner.cleanup()
+    return r
+
+
+async def _stream(request: web.Request, *events: bytes) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    for e in events:
+        await resp.write(e)
+    return resp
+
+
+def _data(obj: object) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+async def _bad_request(request: web.Request) -> web.Response:
+    body = {"error": {"message": "max_tokens is too large", "type": "invalid_request_error"}}
+    return web.json_response(body, status=400)
+
+
+async def _error_mid_stream(request: web.Request) -> web.StreamResponse:
+    ok = _data({"choices": [{"index": 0, "text": "a"}]})
+    return await _stream(request, ok, _data({"error": {"message": "engine died"}}))
+
+
+async def _garbage(request: web.Request) -> web.StreamResponse:
+    return await _stream(request, b"data: {not json\n\n")
+
+
+async def _no_output(request: web.Request) -> web.StreamResponse:
+    return await _stream(
+        request, _data({"choices": [{"index": 0, "text": ""}]}), b"data: [DONE]\n\n"
+    )
+
+
+async def _slow(request: web.Request) -> web.StreamResponse:
+    await asyncio.sleep(3)
+    return await _stream(request, b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    ("handler", "status", "error"),
+    [
+        (_bad_request, 400, "max_tokens is too large"),
+        (_error_mid_stream, 200, "engine died"),
+        (_garbage, 200, "JSONDecodeError"),
+        (_no_output, 200, "without any output"),
+        (_slow, None, "TimeoutError"),
+    ],
+)
+def test_failures_become_records(handler: Handler, status: int | None, error: str) -> None:
+    r = asyncio.run(_serve_and_send(handler, timeout_s=0.5))
+    assert r.status == "error" and r.http_status == status
+    assert error in (r.error or "")
+
+
+def test_a_refused_connection_is_a_failed_record() -> None:
+    async def go() -> RequestRecord:
+        backend = OpenAIBackend("http://127.0.0.1:9/v1", "m", timeout_s=2)
+        await backend.start()
+        r = RequestRecord(0, "r0", 1, 1)
+        await backend.send(RequestSpec("hi", 1, 1), r, 0.0)
+        await backend.close()
+        return r
+
+    r = asyncio.run(go())
+    assert r.status == "error" and "Connect" in (r.error or "")
