@@ -23,13 +23,13 @@ from loadgen.metrics import SLO, summarize
 from loadgen.runner import LoadPlan, LoadRunner
 from loadgen.workload import RequestSpec
 
-T, I = 0.2, 0.02
+TTFT, ITL = 0.2, 0.02  # the docstring's T and I
 
 
 def measure(url: str, plan: LoadPlan, arrivals: Arrivals | None = None, **kw: Any) -> dict:
     backend = OpenAIBackend(url, "mock", max_connections=0, **kw)
     outcome = asyncio.run(LoadRunner(backend, plan).run())
-    return summarize(outcome.records, outcome.elapsed_s, arrivals, SLO(ttft=T + 0.05))
+    return summarize(outcome.records, outcome.elapsed_s, arrivals, SLO(ttft=TTFT + 0.05))
 
 
 def specs(n_tokens: int) -> Any:
@@ -44,20 +44,20 @@ def specs(n_tokens: int) -> Any:
 def test_latencies_match_the_servers_timing(
     mock_server: Callable[..., str], load: str, mean_tol: float
 ) -> None:
-    url = mock_server("--ttft", str(T), "--itl", str(I))
+    url = mock_server("--ttft", str(TTFT), "--itl", str(ITL))
     n = 16
     rate, count = (10, 30) if load.startswith("poisson 10 ") else (150, 300)
     arrivals = Arrivals("poisson", rate=rate, seed=3)
     plan = LoadPlan(specs(n), take_schedule(arrivals.offsets(), count, None))
     s = measure(url, plan, arrivals)
     assert s["completed"] == plan.total and s["failed"] == 0
-    assert s["ttft_s"]["mean"] == pytest.approx(T, abs=mean_tol)
-    assert s["itl_s"]["mean"] == pytest.approx(I, abs=mean_tol)
-    assert s["itl_s"]["p50"] == pytest.approx(I, abs=0.003)
-    assert s["itl_s"]["p99"] == pytest.approx(I, abs=0.010)
+    assert s["ttft_s"]["mean"] == pytest.approx(TTFT, abs=mean_tol)
+    assert s["itl_s"]["mean"] == pytest.approx(ITL, abs=mean_tol)
+    assert s["itl_s"]["p50"] == pytest.approx(ITL, abs=0.003)
+    assert s["itl_s"]["p99"] == pytest.approx(ITL, abs=0.010)
     assert s["itl_s"]["count"] == plan.total * (n - 1)
-    assert s["tpot_s"]["mean"] == pytest.approx(I, abs=mean_tol)
-    assert s["e2e_s"]["mean"] == pytest.approx(T + (n - 1) * I, abs=2 * mean_tol)
+    assert s["tpot_s"]["mean"] == pytest.approx(ITL, abs=mean_tol)
+    assert s["e2e_s"]["mean"] == pytest.approx(TTFT + (n - 1) * ITL, abs=2 * mean_tol)
     # Every request got exactly what it asked for, counted from the server's usage.
     assert s["total_output_tokens"] == plan.total * n
     assert s["tokens_counted_by"] == {"usage": plan.total}
@@ -68,16 +68,16 @@ def test_latencies_match_the_servers_timing(
 def test_multi_token_chunks_get_a_per_token_itl_and_a_warning(
     mock_server: Callable[..., str],
 ) -> None:
-    url = mock_server("--ttft", str(T), "--itl", str(I), "--tokens-per-chunk", "4")
+    url = mock_server("--ttft", str(TTFT), "--itl", str(ITL), "--tokens-per-chunk", "4")
     n_tokens, n_chunks = 32, 8
     arrivals = Arrivals("constant", rate=20)
     plan = LoadPlan(specs(n_tokens), take_schedule(arrivals.offsets(), 20, None))
     s = measure(url, plan, arrivals)
-    assert s["itl_s"]["mean"] == pytest.approx(I, abs=0.003)
-    assert s["itl_per_token_s"]["mean"] == pytest.approx(I / 4, abs=0.001)
+    assert s["itl_s"]["mean"] == pytest.approx(ITL, abs=0.003)
+    assert s["itl_per_token_s"]["mean"] == pytest.approx(ITL / 4, abs=0.001)
     assert s["itl_per_token_s"]["count"] == 20 * (n_chunks - 1) * 4
     # TPOT is per token: (chunks - 1) gaps spread over (tokens - 1) tokens.
-    assert s["tpot_s"]["mean"] == pytest.approx((n_chunks - 1) * I / (n_tokens - 1), abs=0.001)
+    assert s["tpot_s"]["mean"] == pytest.approx((n_chunks - 1) * ITL / (n_tokens - 1), abs=0.001)
     assert any("more than one token" in w for w in s["warnings"])
 
 
@@ -95,14 +95,14 @@ def test_without_usage_tokens_are_counted_with_the_tokenizer(
 
 
 def test_concurrency_cap_waits_are_queue_time_not_ttft(mock_server: Callable[..., str]) -> None:
-    """20 requests at once through a cap of 4: five waves. TTFT stays T for every request;
+    """20 requests at once through a cap of 4: five waves. TTFT stays TTFT for every request;
     the wait for a slot is queue_s, and the client itself is not counted as late."""
-    url = mock_server("--ttft", str(T), "--itl", "0.0001")
+    url = mock_server("--ttft", str(TTFT), "--itl", "0.0001")
     arrivals = Arrivals("constant", rate=1000)
     plan = LoadPlan(specs(2), take_schedule(arrivals.offsets(), 20, None), concurrency=4)
     s = measure(url, plan, arrivals)
-    assert s["ttft_s"]["max"] == pytest.approx(T, abs=0.02)
-    wave = T + 0.0001
+    assert s["ttft_s"]["max"] == pytest.approx(TTFT, abs=0.02)
+    wave = TTFT + 0.0001
     assert s["queue_s"]["max"] == pytest.approx(4 * wave, abs=0.05)
     assert s["ttft_with_queue_s"]["max"] == pytest.approx(5 * wave, abs=0.05)
     assert s["schedule_lag_s"]["p99"] < 0.010
