@@ -15,6 +15,7 @@ from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result
 from loadgen.config import RunConfig, build_config, load_profile
+from loadgen.runner import run_event_loop
 
 DEFAULT_TOKENIZER = "smollm2-135m"
 
@@ -52,7 +53,7 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
             config["target"] = {"kind": "bundled", "base_url": server.base_url}
             config["engine"] = server.engine_config()
         write_json(out_dir / "config.json", config | environment())
-        summary, _ = asyncio.run(_run(cfg, backend, built, out_dir, dashboard, console))
+        summary, _ = run_event_loop(_run(cfg, backend, built, out_dir, dashboard, console))
     except ServerStartError as e:
         console.print(f"[bold red]error:[/] the bundled engine did not start: {e}")
         return 2

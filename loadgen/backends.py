@@ -97,26 +97,31 @@ class OpenAIBackend:
                 if resp.status != 200:
                     rec.status, rec.error = "error", _error_message(await resp.text())
                     return
-                async for line in resp.content:
+                buf = b""
+                # Read whatever has arrived and split it into events ourselves: one await per
+                # network read, not per line. Events that came in one read share its stamp.
+                async for data in resp.content.iter_any():
                     now = clock() - t0
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if chunk.get("error"):
-                        rec.status, rec.error = "error", _error_message(json.dumps(chunk))
-                        return
-                    if chunk.get("usage"):
-                        usage = chunk["usage"]
-                    for choice in chunk.get("choices") or ():
-                        text = choice["delta"].get("content") if self.chat else choice.get("text")
-                        if text:
-                            rec.chunk_s.append(now)
-                            texts.append(text)
-                        if choice.get("finish_reason"):
-                            rec.finish_reason = choice["finish_reason"]
+                    *events, buf = (buf + data).replace(b"\r\n", b"\n").split(b"\n\n")
+                    for event in events:
+                        chunk = self._event(event)
+                        if chunk is None:
+                            continue
+                        if chunk is _DONE:
+                            break
+                        if chunk.get("error"):
+                            rec.status, rec.error = "error", _error_message(json.dumps(chunk))
+                            return
+                        if chunk.get("usage"):
+                            usage = chunk["usage"]
+                        for choice in chunk.get("choices") or ():
+                            delta = choice["delta"] if self.chat else choice
+                            text = delta.get("content" if self.chat else "text")
+                            if text:
+                                rec.chunk_s.append(now)
+                                texts.append(text)
+                            if choice.get("finish_reason"):
+                                rec.finish_reason = choice["finish_reason"]
             rec.end_s = clock() - t0
         except asyncio.CancelledError:
             rec.status, rec.error = "cancelled", "the run was stopped"
@@ -132,6 +137,13 @@ class OpenAIBackend:
         rec.first_chunk_s = rec.chunk_s[0]
         rec.status = "ok"
         self._count_tokens(rec, texts, usage)
+
+    @staticmethod
+    def _event(event: bytes) -> dict[str, Any] | None:
+        data = _sse_data(event)
+        if data is None:
+            return None
+        return _DONE if data == b"[DONE]" else json.loads(data)
 
     def _count_tokens(
         self, rec: RequestRecord, texts: list[str], usage: dict[str, Any] | None
@@ -159,6 +171,15 @@ class OpenAIBackend:
         else:  # spread evenly: the best guess without a tokenizer
             q, r = divmod(max(rec.output_tokens, n_chunks), n_chunks)
             rec.chunk_tokens = [q + (k < r) for k in range(n_chunks)]
+
+
+_DONE: dict[str, Any] = {}
+
+
+def _sse_data(event: bytes) -> bytes | None:
+    """The data of one server-sent event (its `data:` lines joined), None if it has none."""
+    lines = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
 
 
 def _error_message(body: str) -> str:

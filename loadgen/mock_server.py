@@ -117,7 +117,14 @@ def main() -> None:
     p.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
     a = p.parse_args()
     timing = MockTiming(a.ttft, a.itl, a.tokens_per_chunk, not a.no_usage)
-    web.run_app(build_mock_app(timing), host=a.host, port=a.port, print=None, access_log=None)
+    app = build_mock_app(timing)
+    try:
+        import uvloop  # the server must never be what limits a capacity measurement
+
+        loop = uvloop.new_event_loop()
+    except ImportError:
+        loop = None
+    web.run_app(app, host=a.host, port=a.port, print=None, access_log=None, loop=loop)
 
 
 if __name__ == "__main__":
