@@ -22,7 +22,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 demo: setup
-	$(BIN)/bench generate
+	$(BIN)/bench run
 
 lint: setup
 	$(BIN)/ruff check .

@@ -26,7 +26,7 @@ def main() -> None:
 
 
 # Engine options, shared by every command that starts the engine (names as in LLM(...)).
-Dtype = Annotated[str, typer.Option(help="bfloat16 | float32")]
+Dtype = Annotated[str, typer.Option(help="auto | bfloat16 | float32 (auto: bf16 where fast)")]
 Device = Annotated[str, typer.Option(help="auto | cpu | cuda")]
 Batching = Annotated[str, typer.Option(help="continuous | static")]
 MaxNumSeqs = Annotated[int, typer.Option(help="requests running at once")]
@@ -56,7 +56,7 @@ def generate(
     temperature: float = 0.0,
     seed: int = 0,
     chat: Annotated[bool, typer.Option(help="wrap each prompt in the chat template")] = True,
-    dtype: Dtype = "bfloat16",
+    dtype: Dtype = "auto",
     device: Device = "auto",
     batching: Batching = "continuous",
     max_num_seqs: MaxNumSeqs = 64,
@@ -124,7 +124,7 @@ def serve(
     api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY'")] = None,
     max_queue: Annotated[int, typer.Option(help="waiting requests beyond this get 429")] = 256,
     seed: int = 0,
-    dtype: Dtype = "bfloat16",
+    dtype: Dtype = "auto",
     device: Device = "auto",
     batching: Batching = "continuous",
     max_num_seqs: MaxNumSeqs = 64,
@@ -210,7 +210,7 @@ def run(
     timeout: Annotated[float | None, Opt(help="per-request timeout in seconds")] = None,
     out: Annotated[str | None, Opt(help="results folder (default results/<time>-<name>)")] = None,
     no_dashboard: Annotated[bool, Opt(help="no live progress display")] = False,
-    dtype: Annotated[str | None, Opt(help="engine: bfloat16 | float32")] = None,
+    dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
     device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,
     batching: Annotated[str | None, Opt(help="engine: continuous | static")] = None,
     max_num_seqs: Annotated[int | None, Opt(help="engine: requests running at once")] = None,

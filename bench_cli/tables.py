@@ -51,18 +51,22 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
         head.add_row(name, value)
 
     lat = Table(title="Latency (ms)", title_justify="left")
-    for col in ("metric", "mean", "p50", "p90", "p95", "p99", "max"):
-        lat.add_column(col, justify="left" if col == "metric" else "right")
+    lat.add_column("metric", no_wrap=True)
+    for col in ("mean", "p50", "p90", "p95", "p99", "max"):
+        lat.add_column(col, justify="right", no_wrap=True)
+    queued = bool((summary.get("queue_s") or {}).get("max"))
     for key, label in LATENCIES:
         d = summary.get(key)
-        if not d or not d.get("count"):
+        if not d or not d.get("count") or ("queue" in key and not queued):
             continue
-        if key in ("queue_s", "ttft_with_queue_s") and not d["max"]:
-            continue  # no concurrency cap, no queue
-        lat.add_row(
-            label, *(f"{d[s] * 1e3:.2f}" for s in ("mean", "p50", "p90", "p95", "p99", "max"))
-        )
+        stats = ("mean", "p50", "p90", "p95", "p99", "max")
+        lat.add_row(label, *(_ms(d[s]) for s in stats))
     return [head, lat]
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}"
 
 
 def print_result(console: Console, summary: dict[str, Any], title: str) -> None:

@@ -55,7 +55,7 @@ class SchedulerConfig:
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "smollm2-135m"
-    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: see engine.resolve_dtype
     device: str = "auto"
     seed: int = 0
     max_model_len: int | None = None  # default: the model's context length
@@ -82,8 +82,8 @@ class EngineConfig:
         s, c = self.scheduler, self.cache
         if s.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be 'continuous' or 'static', got {s.batching!r}")
-        if self.dtype not in ("bfloat16", "float32"):
-            raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {self.dtype!r}")
+        if self.dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {self.dtype!r}")
         for name, value in (("max_num_seqs", s.max_num_seqs), ("block_size", c.block_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")

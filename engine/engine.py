@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import itertools
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,10 +34,34 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def cpu_has_native_bf16() -> bool:
+    """x86 AVX512-BF16 or AMX, or ARM BF16: the CPUs where oneDNN runs bf16 matmuls natively."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> str:
+    """'auto' is bfloat16 on CUDA and on CPUs with native bf16 math, float32 on the others,
+    where bf16 matmuls fall back to a path ~500x slower (measured on an AVX2-only EPYC:
+    0.29 vs 150 GFLOP/s for a 2048^3 matmul)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
+        config.dtype = resolve_dtype(config.dtype, self.device)  # recorded as resolved
         dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
         loaded = _load_shared(config.model, dtype, self.device, config.seed)

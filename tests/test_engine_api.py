@@ -145,3 +145,18 @@ def test_stop_strings_cut_the_text_on_a_real_tokenizer() -> None:
     assert (cut.text, cut.finish_reason, cut.stop_reason) == (head, "stop", "\n")
     kept = smol.generate([prompt], greedy(12, stop=["\n"], include_stop_str_in_output=True))
     assert kept[0].outputs[0].text == head + "\n"
+
+
+def test_auto_dtype_is_bf16_only_where_the_hardware_runs_it_natively() -> None:
+    import torch
+
+    from engine.engine import cpu_has_native_bf16, resolve_dtype
+
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    assert resolve_dtype("auto", torch.device("cuda")) == "bfloat16"
+    assert resolve_dtype("float32", torch.device("cuda")) == "float32"
+    llm = LLM("tiny-llama", num_kv_blocks=8)
+    assert llm.llm_engine.config.dtype in ("bfloat16", "float32")  # recorded as resolved
+    with pytest.raises(ValueError, match="dtype"):
+        EngineConfig.from_kwargs("tiny-llama", dtype="float16")
