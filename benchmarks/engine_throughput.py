@@ -22,6 +22,8 @@ import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allo
 # isort: on
 import torch
 
+from engine.engine import resolve_device, resolve_dtype
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
@@ -98,7 +100,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
@@ -110,6 +112,8 @@ def main() -> None:
         "--skip", nargs="*", default=[], choices=["continuous", "static", "transformers"]
     )
     args = p.parse_args()
+    # One concrete dtype for every side (auto: bf16 only where the CPU runs it natively).
+    args.dtype = resolve_dtype(args.dtype, resolve_device("auto"))
     if args.threads:
         torch.set_num_threads(args.threads)
     prompts, lens = make_workload(args)

@@ -28,6 +28,8 @@ import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allo
 import aiohttp
 import torch
 
+from engine.engine import resolve_device, resolve_dtype
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -82,13 +84,15 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--repeat", type=int, default=2, help="interleaved runs of each side")
     args = p.parse_args()
+    # One concrete dtype for every side (auto: bf16 only where the CPU runs it natively).
+    args.dtype = resolve_dtype(args.dtype, resolve_device("auto"))
     g = torch.Generator().manual_seed(0)
     prompts = [
         torch.randint(17, 49152, (args.prompt_len,), generator=g).tolist()
