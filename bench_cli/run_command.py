@@ -17,7 +17,7 @@ from bench_cli.tables import print_result
 from loadgen.config import RunConfig, build_config, load_profile
 from loadgen.runner import run_event_loop
 
-DEFAULT_TOKENIZER = "smollm2-135m"
+BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
 
 def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
@@ -27,6 +27,7 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
 
     try:
         cfg = build_config(load_profile(profile), flags, engine_arg_names())
+        cfg.model = cfg.model or _default_model(cfg)
         tokenizer, tokenizer_name = _tokenizer(cfg, console)
         built = build_plan(cfg, tokenizer)
     except (ValueError, ModelLoadError) as e:
@@ -66,6 +67,17 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     console.print(f"results: {out_dir}/", highlight=False)
     return 130 if summary["interrupted"] else 0
+
+
+def _default_model(cfg: RunConfig) -> str:
+    if not cfg.base_url:
+        return BUNDLED_MODEL
+    from loadgen.backends import served_models
+
+    models = served_models(cfg.base_url, cfg.api_key)
+    if not models:
+        raise ValueError(f"{cfg.base_url}/models lists no model; pass --model")
+    return models[0]
 
 
 def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:

@@ -182,6 +182,21 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
+def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> list[str]:
+    """The model ids a server lists at /v1/models (what `vllm bench serve` uses when no model
+    is named)."""
+    import urllib.request
+
+    req = urllib.request.Request(f"{base_url.rstrip('/')}/models")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return [m["id"] for m in json.loads(resp.read())["data"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"could not list the models of {base_url} (pass --model): {e}") from e
+
+
 def _error_message(body: str) -> str:
     """The message of an OpenAI-style error body, else the body itself (shortened)."""
     try:

@@ -24,7 +24,7 @@ class RunConfig:
     name: str = "run"
     # target: an external server (base_url) or the bundled engine (model + engine settings)
     base_url: str | None = None
-    model: str = "smollm2-135m"
+    model: str | None = None  # bundled: smollm2-135m; external: the server's first model
     endpoint: str = "completions"  # completions | chat
     tokenizer: str | None = None
     api_key: str | None = None

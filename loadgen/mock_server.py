@@ -93,6 +93,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=True)
 
 
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+
+
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "requests": request.app[COUNT_KEY][0]})
 
@@ -104,6 +108,7 @@ def build_mock_app(timing: MockTiming) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
     return app
 
 

@@ -107,6 +107,17 @@ def test_ctrl_c_keeps_every_finished_record(
     assert "interrupted" in printed
 
 
+def test_an_external_server_without_model_uses_its_first_listed_model(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    url = mock_server("--ttft", "0.01", "--itl", "0.001")
+    rc, printed, out = bench_run(tmp_path, base_url=url, model=None, warmup=0)
+    assert rc == 0, printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["run"]["model"] == "mock" and summary["completed"] == 12
+    assert summary["config"]["target"] == {"kind": "external", "base_url": url}
+
+
 def test_a_broken_trace_names_the_line(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_text('{"timestamp": 0, "input_len": 5, "output_len": 3}\n{"timestamp": 1}\n')
