@@ -18,7 +18,10 @@ PACKAGES = ("servebench", "torch", "aiohttp", "numpy", "pandas", "tokenizers", "
 
 
 def run_dir(out: str | None, name: str) -> Path:
+    """A new, empty folder: a run never mixes its records with an earlier run's."""
     path = Path(out) if out else Path("results") / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise ValueError(f"results folder {path} already holds files; choose another --out")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,11 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     except (ValueError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
-    out_dir = run_dir(cfg.out, cfg.name)
+    try:
+        out_dir = run_dir(cfg.out, cfg.name)
+    except (ValueError, OSError) as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
     config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
     server: LocalServer | None = None
     try:
@@ -43,7 +48,9 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         elif cfg.in_process:
             from loadgen.backends import InProcessBackend
 
-            backend = InProcessBackend.from_engine_args(cfg.model, cfg.endpoint, **cfg.engine)
+            backend = InProcessBackend.from_engine_args(
+                cfg.model, cfg.endpoint, cfg.ignore_eos, **cfg.engine
+            )
             config["target"] = {"kind": "bundled-in-process"}
             config["engine"] = backend.engine.engine.config.to_dict()
         else:
@@ -55,18 +62,23 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
             config["engine"] = server.engine_config()
         write_json(out_dir / "config.json", config | environment())
         summary, _ = run_event_loop(_run(cfg, backend, built, out_dir, dashboard, console))
+        summary["config"] = config
+        write_summary(out_dir, summary)  # before the server's (slow) shutdown
     except ServerStartError as e:
         console.print(f"[bold red]error:[/] the bundled engine did not start: {e}")
+        return 2
+    except (ValueError, ModelLoadError) as e:  # e.g. engine settings the engine refuses
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
     finally:
         if server is not None:
             server.stop()
-    summary["config"] = config
-    write_summary(out_dir, summary)
     target = cfg.base_url or f"bundled {cfg.model}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     console.print(f"results: {out_dir}/", highlight=False)
-    return 130 if summary["interrupted"] else 0
+    if summary["interrupted"]:  # the shell's convention: 128 + the signal's number
+        return 128 + (summary["stop_signal"] or signal.SIGINT)
+    return 0
 
 
 def _default_model(cfg: RunConfig) -> str:

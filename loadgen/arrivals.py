@@ -35,8 +35,8 @@ class Arrivals:
                 raise ValueError("trace arrivals need the trace's timestamps")
             if not (self.time_scale > 0 and math.isfinite(self.time_scale)):
                 raise ValueError(f"time scale must be > 0, got {self.time_scale}")
-        elif not (self.rate > 0 and math.isfinite(self.rate)):
-            raise ValueError(f"{self.kind} arrivals need a finite rate > 0, got {self.rate}")
+        elif not self.rate > 0:  # inf: everything at t=0 (with a cap: all queue for slots)
+            raise ValueError(f"{self.kind} arrivals need a rate > 0, got {self.rate}")
         if self.kind == "gamma" and not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise ValueError(f"burstiness must be > 0, got {self.burstiness}")
 
@@ -44,6 +44,9 @@ class Arrivals:
         """Absolute send offsets in seconds from the start of the run, first one at 0."""
         if self.kind == "trace":
             yield from (t * self.time_scale for t in self.trace_offsets)
+            return
+        if self.rate == math.inf:
+            yield from itertools.repeat(0.0)
             return
         if self.kind == "constant":
             yield from (i / self.rate for i in itertools.count())
@@ -64,6 +67,8 @@ class Arrivals:
     def gap_cdf(self) -> Callable[[np.ndarray], np.ndarray] | None:
         """The CDF of the target inter-arrival time, for a one-sample KS test; None where the
         process has none (constant: a step; trace: compared with its own gaps instead)."""
+        if self.rate == math.inf:
+            return None
         if self.kind == "poisson":
             return lambda x: 1.0 - np.exp(-self.rate * np.maximum(x, 0.0))
         if self.kind == "gamma":

@@ -88,7 +88,7 @@ class OpenAIBackend:
         body = json.dumps(self.payload(spec))
         headers = {"Content-Type": "application/json", **self.headers}
         texts: list[str] = []
-        usage: dict[str, Any] | None = None
+        usage: dict[str, Any] = {}
         clock = time.perf_counter
         rec.send_s = clock() - t0
         try:
@@ -97,31 +97,17 @@ class OpenAIBackend:
                 if resp.status != 200:
                     rec.status, rec.error = "error", _error_message(await resp.text())
                     return
-                buf = b""
+                buf, done = b"", False
                 # Read whatever has arrived and split it into events ourselves: one await per
                 # network read, not per line. Events that came in one read share its stamp.
                 async for data in resp.content.iter_any():
                     now = clock() - t0
                     *events, buf = (buf + data).replace(b"\r\n", b"\n").split(b"\n\n")
-                    for event in events:
-                        chunk = self._event(event)
-                        if chunk is None:
-                            continue
-                        if chunk is _DONE:
-                            break
-                        if chunk.get("error"):
-                            rec.status, rec.error = "error", _error_message(json.dumps(chunk))
-                            return
-                        if chunk.get("usage"):
-                            usage = chunk["usage"]
-                        for choice in chunk.get("choices") or ():
-                            delta = choice["delta"] if self.chat else choice
-                            text = delta.get("content" if self.chat else "text")
-                            if text:
-                                rec.chunk_s.append(now)
-                                texts.append(text)
-                            if choice.get("finish_reason"):
-                                rec.finish_reason = choice["finish_reason"]
+                    if self._take(events, now, rec, texts, usage):
+                        done = True
+                        break
+                if not done and buf.strip():  # a last event without its closing blank line
+                    self._take([buf], clock() - t0, rec, texts, usage)
             rec.end_s = clock() - t0
         except asyncio.CancelledError:
             rec.status, rec.error = "cancelled", "the run was stopped"
@@ -131,12 +117,47 @@ class OpenAIBackend:
             rec.status, rec.error = "error", f"{type(e).__name__}: {e}" if str(e) else repr(e)
             rec.end_s = clock() - t0
             return
+        if rec.status == "error":
+            return
         if not rec.chunk_s:
             rec.status, rec.error = "error", "the stream ended without any output"
             return
         rec.first_chunk_s = rec.chunk_s[0]
         rec.status = "ok"
         self._count_tokens(rec, texts, usage)
+
+    def _take(
+        self,
+        events: list[bytes],
+        now: float,
+        rec: RequestRecord,
+        texts: list[str],
+        usage: dict[str, Any],
+    ) -> bool:
+        """Record a read's events; True once the stream is over ([DONE] or an error event)."""
+        for event in events:
+            chunk = self._event(event)
+            if chunk is None:
+                continue
+            if chunk is _DONE:
+                return True
+            if chunk.get("error"):
+                rec.status, rec.error = "error", _error_message(json.dumps(chunk))
+                return True
+            if chunk.get("usage"):
+                usage.update(chunk["usage"])
+            for choice in chunk.get("choices") or ():
+                if self.chat:  # reasoning models stream their thinking first: output too
+                    delta = choice.get("delta") or {}
+                    text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")
+                else:
+                    text = choice.get("text")
+                if text:
+                    rec.chunk_s.append(now)
+                    texts.append(text)
+                if choice.get("finish_reason"):
+                    rec.finish_reason = choice["finish_reason"]
+        return False
 
     @staticmethod
     def _event(event: bytes) -> dict[str, Any] | None:
@@ -145,32 +166,33 @@ class OpenAIBackend:
             return None
         return _DONE if data == b"[DONE]" else json.loads(data)
 
-    def _count_tokens(
-        self, rec: RequestRecord, texts: list[str], usage: dict[str, Any] | None
-    ) -> None:
+    def _count_tokens(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
         """Output tokens from the server's usage, else our tokenizer, else one per chunk; and
-        tokens per chunk: one each when they add up, else our tokenizer's split of each
-        chunk's text, else the total spread evenly."""
+        tokens per chunk: one each when there are no more tokens than chunks, else our
+        tokenizer's split of each chunk's text when it adds up, else the total spread evenly."""
         n_chunks = len(texts)
-        if usage and usage.get("completion_tokens") is not None:
+        if usage.get("completion_tokens") is not None:
             rec.output_tokens, rec.output_tokens_source = int(usage["completion_tokens"]), "usage"
         elif self.tokenizer is not None:
             n = len(self.tokenizer.encode("".join(texts), add_special_tokens=False))
             rec.output_tokens, rec.output_tokens_source = n, "tokenizer"
         else:
             rec.output_tokens, rec.output_tokens_source = n_chunks, "chunks"
-        if usage and usage.get("prompt_tokens") is not None:
+        if usage.get("prompt_tokens") is not None:
             rec.prompt_tokens, rec.prompt_tokens_source = int(usage["prompt_tokens"]), "usage"
         else:
             rec.prompt_tokens, rec.prompt_tokens_source = rec.input_len, "tokenizer"
-        if rec.output_tokens == n_chunks:
+        if rec.output_tokens <= n_chunks:  # one each (a chunk carries at least one token)
             rec.chunk_tokens = [1] * n_chunks
-        elif self.tokenizer is not None:
+            return
+        if self.tokenizer is not None:
             enc = self.tokenizer.encode
-            rec.chunk_tokens = [max(1, len(enc(t, add_special_tokens=False))) for t in texts]
-        else:  # spread evenly: the best guess without a tokenizer
-            q, r = divmod(max(rec.output_tokens, n_chunks), n_chunks)
-            rec.chunk_tokens = [q + (k < r) for k in range(n_chunks)]
+            split = [max(1, len(enc(t, add_special_tokens=False))) for t in texts]
+            if sum(split) == rec.output_tokens:
+                rec.chunk_tokens = split
+                return
+        q, r = divmod(rec.output_tokens, n_chunks)  # spread evenly: the best remaining guess
+        rec.chunk_tokens = [q + (k < r) for k in range(n_chunks)]
 
 
 _DONE: dict[str, Any] = {}
@@ -223,13 +245,15 @@ class InProcessBackend:
         self._owned = False
 
     @classmethod
-    def from_engine_args(cls, model: str, endpoint: str = "completions", **engine_args: Any):
+    def from_engine_args(
+        cls, model: str, endpoint: str = "completions", ignore_eos: bool = True, **engine_args: Any
+    ) -> InProcessBackend:
         from engine.async_engine import AsyncLLMEngine
         from engine.config import EngineConfig
         from engine.engine import LLMEngine
 
         engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args))
-        backend = cls(AsyncLLMEngine(engine), endpoint)
+        backend = cls(AsyncLLMEngine(engine), endpoint, ignore_eos)
         backend._owned = True
         return backend
 

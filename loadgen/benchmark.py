@@ -22,6 +22,8 @@ from loadgen.runner import LoadPlan, LoadRunner, RunOutcome
 from loadgen.traces import read_trace
 from loadgen.workload import PromptBuilder, WorkloadConfig, from_trace, sharegpt, synthetic
 
+DEFAULT_OUTPUT_LEN = "128"
+
 
 @dataclass(slots=True)
 class BuiltPlan:
@@ -48,7 +50,9 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         stamps = tuple(row.timestamp_s for row in trace.rows)
         arrivals = Arrivals("trace", trace_offsets=stamps, time_scale=cfg.time_scale)
         offsets = take_schedule(arrivals.offsets(), cfg.num_requests or len(specs), cfg.duration)
-        warmup = specs[: cfg.warmup]
+        # The first rows' lengths with other tokens: warm-up must not prefill the cache with
+        # the very prompts (and hash blocks) the measured requests then hit.
+        warmup = from_trace(trace, builder, warmup_seed)[: cfg.warmup]
         plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup)
         return BuiltPlan(plan, arrivals, info)
 
@@ -56,15 +60,18 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         kind, _, path = cfg.dataset.partition(":")
         if kind != "sharegpt" or not path:
             raise ValueError(f"dataset {cfg.dataset!r}: expected sharegpt:PATH")
-        out_len = cfg.output_len if cfg.output_len != "dataset" else None
-        stream = sharegpt(path, tokenizer, cfg.seed, out_len)
-        warm = sharegpt(path, tokenizer, warmup_seed, out_len)
+        stream = sharegpt(path, tokenizer, cfg.seed, cfg.output_len)
+        warm = sharegpt(path, tokenizer, warmup_seed, cfg.output_len)
     else:
+        out_len = cfg.output_len or DEFAULT_OUTPUT_LEN
         wl = WorkloadConfig(
-            cfg.input_len, cfg.output_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed
+            cfg.input_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed
         )
         stream = synthetic(wl, builder)
         warm = synthetic(dataclasses.replace(wl, seed=warmup_seed), builder)
+    # The streams are generators: pull a request now, so a bad file or setting fails here,
+    # before any server starts, not in the middle of the run.
+    stream = itertools.chain([next(stream)], stream)
     warmup = list(itertools.islice(warm, cfg.warmup))
     if cfg.closed_loop:
         plan = LoadPlan(
@@ -91,8 +98,8 @@ async def run_benchmark(
     runner = LoadRunner(backend, built.plan, writer.write, run_id=cfg.name)
     loop = asyncio.get_running_loop()
     try:
-        loop.add_signal_handler(signal.SIGINT, runner.stop)
-        loop.add_signal_handler(signal.SIGTERM, runner.stop)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.stop, sig)
     except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
         pass
     if on_start is not None:
@@ -112,5 +119,6 @@ async def run_benchmark(
         cfg.max_p99_lag_ms / 1e3,
     )
     summary["interrupted"] = outcome.interrupted
+    summary["stop_signal"] = runner.stop_signal
     summary["warmup_requests"] = len(outcome.warmup)
     return summary, outcome

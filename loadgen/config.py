@@ -4,19 +4,29 @@ underscores) overlaid by the flags given, checked once, and recorded with every 
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from loadgen.arrivals import ARRIVALS
+from loadgen.metrics import SLO
 from loadgen.traces import TRACE_FORMATS
+from loadgen.workload import LengthDist
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
-# A profile key is dropped when a flag gives the key it maps to: `--concurrency 8` over a
-# Poisson profile is a closed loop (not Poisson capped at 8) unless --rate is given too, and
-# `--duration 60` is not also cut at the profile's request count (nor the other way round).
-DROPPED_BY = {"rate": "concurrency", "num_requests": "duration", "duration": "num_requests"}
+# A profile key is dropped when a flag gives one of the keys it maps to: `--concurrency 8`
+# over a Poisson profile is a closed loop (not Poisson capped at 8) unless --rate is given
+# too; `--duration 60` is not also cut at the profile's request count (nor the other way
+# round); a trace is replayed whole and a dataset gives its own output lengths unless the
+# flags say otherwise.
+DROPPED_BY = {
+    "rate": ("concurrency",),
+    "num_requests": ("duration", "trace"),
+    "duration": ("num_requests", "trace"),
+    "output_len": ("dataset",),
+}
 
 
 @dataclass(slots=True)
@@ -45,7 +55,7 @@ class RunConfig:
     seed: int = 0
     # workload
     input_len: str = "256"
-    output_len: str = "128"
+    output_len: str | None = None  # None: 128, or with --dataset the reply's length
     dataset: str | None = None
     shared_prefix_len: int = 0
     num_prefix_groups: int = 1
@@ -87,6 +97,19 @@ class RunConfig:
             raise ValueError(f"duration must be > 0 seconds, got {self.duration}")
         if self.in_process and self.base_url:
             raise ValueError("--in-process runs the bundled engine; it cannot go with --base-url")
+        if self.base_url and self.engine:
+            names = ", ".join(f"--{k.replace('_', '-')}" for k in self.engine if k != "seed")
+            if names:
+                raise ValueError(f"{names}: engine settings apply to the bundled engine only")
+        if self.rate is not None and not self.rate > 0:
+            raise ValueError(f"rate must be > 0 requests/s (or inf), got {self.rate}")
+        if self.rate == math.inf and self.num_requests is None and self.arrival != "trace":
+            raise ValueError("--rate inf sends everything at once: give --num-requests")
+        SLO.parse(self.slo)  # a typo must fail now, not after the whole run
+        for key in ("input_len", "output_len"):
+            value = getattr(self, key)
+            if value is not None and not (self.dataset and key == "input_len"):
+                LengthDist.parse(value)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -119,7 +142,7 @@ def build_config(
     `engine`; an unknown key is an error naming it."""
     names = {f.name for f in dataclasses.fields(RunConfig)} - {"engine"}
     given = {k for k, v in flags.items() if v is not None}
-    profile = {k: v for k, v in profile.items() if DROPPED_BY.get(k) not in given}
+    profile = {k: v for k, v in profile.items() if given.isdisjoint(DROPPED_BY.get(k, ()))}
     cfg = RunConfig()
     for source, values in (("profile", profile), ("flag", flags)):
         for key, value in values.items():

@@ -25,7 +25,8 @@ DEFINITIONS = {
     "queue": "wait for a free slot under a concurrency cap (not in ttft or e2e)",
     "ttft_with_queue": "ttft + queue: what a user behind the cap would see",
     "schedule_lag": "send - scheduled - queue: how late the client itself was",
-    "goodput": "completed requests per second that met every SLO (DistServe)",
+    "goodput": "completed requests per second that met every SLO (DistServe), TTFT and E2E "
+    "judged with the queue wait included",
     "request_throughput": "completed requests / duration",
     "duration": "first scheduled send to the end of the last request",
 }
@@ -108,7 +109,7 @@ def summarize(
         itl.extend(gaps.tolist())
         for gap, n in zip(gaps, r.chunk_tokens[1:], strict=True):
             itl_tok.extend([gap / n] * n)
-        good += slo.met(t, p, e)
+        good += slo.met(t + r.queue_s, p, e + r.queue_s)  # as a user behind a cap sees it
     lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
@@ -143,6 +144,12 @@ def summarize(
         warnings.append(
             "some chunks carried more than one token: itl_s is per chunk; itl_per_token_s "
             "spreads each gap over its tokens"
+        )
+    zero = sum(g == 0 for g in itl)
+    if itl and zero / len(itl) > 0.01:
+        warnings.append(
+            f"{zero / len(itl):.0%} of ITL gaps are 0: chunks arrived together in one network "
+            "read (the server batched them, or the client fell behind reading)"
         )
     short = sum(r.output_tokens < r.output_len for r in ok)
     if short:

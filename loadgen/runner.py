@@ -104,12 +104,15 @@ class LoadRunner:
         self.warmup_records: list[RequestRecord] = []
         self._tasks: set[asyncio.Task] = set()
         self._dispatcher: asyncio.Task | None = None
+        self._unfinished: dict[str, RequestRecord] = {}  # made, not yet recorded
         self._stopped = False
+        self.stop_signal: int | None = None
         self.t0 = 0.0
 
-    def stop(self) -> None:
+    def stop(self, signum: int | None = None) -> None:
         """Stop sending and cancel what is in flight (Ctrl-C); finished records are kept."""
         self._stopped = True
+        self.stop_signal = self.stop_signal or signum
         if self._dispatcher is not None:
             self._dispatcher.cancel()
         for task in list(self._tasks):
@@ -135,7 +138,13 @@ class LoadRunner:
                         raise
             await asyncio.gather(*self._tasks, return_exceptions=True)
             elapsed = time.perf_counter() - self.t0
-        finally:
+        finally:  # on any error too: nothing left running, every record made is recorded
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            for rec in list(self._unfinished.values()):  # tasks cancelled before they ran
+                rec.status, rec.error = "cancelled", "the run stopped before it was sent"
+                self._finish(rec)
             gc.unfreeze()
             await self.backend.close()
         return RunOutcome(self.records, self.warmup_records, elapsed, self._stopped)
@@ -205,7 +214,9 @@ class LoadRunner:
 
     def _record(self, i: int, spec: RequestSpec, warmup: bool = False) -> RequestRecord:
         rid = f"{self.run_id}-{'w' if warmup else ''}{i}"
-        return RequestRecord(i, rid, spec.input_len, spec.output_len, warmup=warmup)
+        rec = RequestRecord(i, rid, spec.input_len, spec.output_len, warmup=warmup)
+        self._unfinished[rid] = rec
+        return rec
 
     def _launch(self, coro) -> None:
         task = asyncio.create_task(coro)
@@ -235,6 +246,8 @@ class LoadRunner:
             self._finish(rec)
 
     def _finish(self, rec: RequestRecord) -> None:
+        if self._unfinished.pop(rec.request_id, None) is None:
+            return  # already recorded
         if rec.status == "pending":
             rec.status = "error"
         (self.warmup_records if rec.warmup else self.records).append(rec)

@@ -206,7 +206,6 @@ def test_take_schedule_needs_a_count_or_a_duration() -> None:
     [
         {"kind": "poisson", "rate": 0.0},
         {"kind": "poisson", "rate": -1.0},
-        {"kind": "poisson", "rate": math.inf},
         {"kind": "poisson", "rate": math.nan},
         {"kind": "constant", "rate": 0.0},
         {"kind": "gamma", "rate": -2.0},
@@ -221,6 +220,14 @@ def test_take_schedule_needs_a_count_or_a_duration() -> None:
 def test_invalid_processes_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         Arrivals(**kwargs)
+
+
+@pytest.mark.parametrize("kind", ["poisson", "gamma", "constant"])
+def test_an_infinite_rate_sends_everything_at_once(kind: str) -> None:
+    """vLLM's `--request-rate inf`: with a concurrency cap, all requests queue for a slot."""
+    arrivals = Arrivals(kind, rate=math.inf)
+    assert take_schedule(arrivals.offsets(), 5, None) == [0.0] * 5
+    assert arrivals.gap_cdf() is None
 
 
 def test_trace_arrivals_ignore_the_rate() -> None:

@@ -135,6 +135,10 @@ def test_a_broken_trace_names_the_line(tmp_path: Path) -> None:
         ({"input_len": "uniform:9:2"}, "out of range"),
         ({"model": "no-such-model", "tokenizer": "no-such-model"}, "no-such-model"),
         ({"dataset": "csv:x"}, "sharegpt:PATH"),
+        ({"slo": "ttft=500ms"}, "not a number"),  # before the run, not after it
+        ({"dataset": "sharegpt:nowhere.json", "concurrency": 2, "warmup": 0}, "nowhere.json"),
+        ({"base_url": "http://127.0.0.1:9/v1", "model": "m", "max_num_seqs": 4}, "bundled"),
+        ({"in_process": True, "max_num_seqs": 0}, "max_num_seqs"),
     ],
 )
 def test_bad_settings_are_clear_errors(tmp_path: Path, flags: dict, error: str) -> None:
@@ -143,4 +147,11 @@ def test_bad_settings_are_clear_errors(tmp_path: Path, flags: dict, error: str) 
         flags = {**flags, "profile": str(tmp_path / "bare.toml")}
     rc, printed, out = bench_run(tmp_path, **flags)
     assert rc == 2 and error in printed
-    assert not out.exists()  # nothing half-written
+    assert not (out / "requests.jsonl").exists()  # nothing half-written
+
+
+def test_a_results_folder_is_never_reused(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "requests.jsonl").write_text("{}\n")
+    rc, printed, _ = bench_run(tmp_path)
+    assert rc == 2 and "already holds files" in printed

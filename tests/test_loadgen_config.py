@@ -258,3 +258,11 @@ def test_to_dict_masks_the_api_key() -> None:
 
 def test_to_dict_without_an_api_key() -> None:
     assert build().to_dict()["api_key"] is None
+
+
+def test_a_trace_flag_replays_the_whole_trace_and_a_dataset_its_own_lengths() -> None:
+    flags = {"arrival": "trace", "trace": "t.jsonl"}
+    cfg = build_config(load_profile("default"), flags, ENGINE)
+    assert (cfg.num_requests, cfg.duration) == (None, None)
+    cfg = build_config(load_profile("default"), {"dataset": "sharegpt:x.json"}, ENGINE)
+    assert cfg.output_len is None  # the replies' lengths, not the profile's 64

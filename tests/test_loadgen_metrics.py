@@ -76,6 +76,19 @@ def test_bad_slo(text: str, error: str) -> None:
         SLO.parse(text)
 
 
+def test_goodput_counts_the_queue_wait_a_user_sees() -> None:
+    queued = rec(0, 0.0, [0.1, 0.2], 2, queue_s=0.5)  # TTFT 0.1, but 0.6 behind the cap
+    s = summarize([queued, rec(1, 0.0, [0.1, 0.2], 2)], 1.0, slo=SLO(ttft=0.3))
+    assert s["goodput"] == pytest.approx(1.0)  # only the unqueued one
+    assert s["ttft_with_queue_s"]["max"] == pytest.approx(0.6)
+
+
+def test_chunks_stamped_together_warn() -> None:
+    r = rec(0, 0.0, [0.1, 0.2, 0.2, 0.2, 0.3], 5)  # three chunks came in one read
+    s = summarize([r], 1.0)
+    assert s["itl_s"]["count"] == 4 and any("ITL gaps are 0" in w for w in s["warnings"])
+
+
 def test_slo_parse_and_empty_distribution() -> None:
     assert SLO.parse("ttft=0.5, tpot=0.05,e2e=10") == SLO(0.5, 0.05, 10.0)
     assert SLO.parse(None).as_dict() == {}
@@ -150,6 +163,27 @@ async def _no_output(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def _done_then_hang(request: web.Request) -> web.StreamResponse:
+    resp = await _stream(request, _data({"choices": [{"index": 0, "text": "a"}]}))
+    await resp.write(b"data: [DONE]\n\n")
+    await asyncio.sleep(3)  # a proxy holding the stream open: [DONE] must end the read
+    return resp
+
+
+async def _usage_without_blank_line(request: web.Request) -> web.StreamResponse:
+    text = _data({"choices": [{"index": 0, "text": "a b"}]})
+    usage = b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": 2}}).encode()
+    return await _stream(request, text, usage)  # the last event lacks its closing blank line
+
+
+def test_done_ends_the_read_and_a_last_unterminated_event_counts() -> None:
+    r = asyncio.run(_serve_and_send(_done_then_hang, timeout_s=1.0))
+    assert r.status == "ok" and r.end_s is not None and r.send_s is not None
+    assert r.end_s - r.send_s < 0.9
+    r = asyncio.run(_serve_and_send(_usage_without_blank_line))
+    assert r.status == "ok" and r.output_tokens_source == "usage" and r.output_tokens == 2
+
+
 async def _slow(request: web.Request) -> web.StreamResponse:
     await asyncio.sleep(3)
     return await _stream(request, b"data: [DONE]\n\n")
@@ -182,3 +216,43 @@ def test_a_refused_connection_is_a_failed_record() -> None:
 
     r = asyncio.run(go())
     assert r.status == "error" and "Connect" in (r.error or "")
+
+
+# ---- the runner's bookkeeping ------------------------------------------------------------
+
+
+class _SlowBackend:
+    name = "slow"
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
+        import time
+
+        rec.send_s = time.perf_counter() - t0
+        await asyncio.sleep(10)
+
+
+def test_stopping_records_every_request_made_even_those_never_started() -> None:
+    """Stop the moment the dispatcher has launched 50 tasks that have not run yet: each
+    still gets exactly one record, cancelled."""
+    from loadgen.runner import LoadPlan, LoadRunner
+
+    async def go() -> tuple[LoadRunner, list[RequestRecord]]:
+        plan = LoadPlan(iter([RequestSpec("p", 1, 1)] * 50), [0.0] * 50)
+        seen: list[RequestRecord] = []
+        runner = LoadRunner(_SlowBackend(), plan, seen.append)
+        task = asyncio.create_task(runner.run())
+        while runner.progress.sent < 50:
+            await asyncio.sleep(0)
+        runner.stop()
+        outcome = await task
+        assert outcome.interrupted and len(outcome.records) == 50
+        return runner, seen
+
+    runner, seen = asyncio.run(go())
+    assert len(seen) == 50 and len({r.request_id for r in seen}) == 50
+    assert {r.status for r in seen} == {"cancelled"}
+    assert runner.progress.failed == 50 and runner.progress.in_flight == 0
