@@ -230,3 +230,61 @@ def run(
     from bench_cli.run_command import execute
 
     raise typer.Exit(execute(profile, flags, dashboard=not no_dashboard, console=console))
+
+
+@app.command()
+def sweep(
+    profile: Annotated[str, Opt(help="sweep profile: a run profile with a [sweep] table")],
+    base_url: Annotated[str | None, Opt(help="sweep the load against an external server")] = None,
+    model: Annotated[str | None, Opt(help="served model name or bundled model")] = None,
+    api_key: Annotated[str | None, Opt(help="bearer token for the server")] = None,
+    repeat: Annotated[int, Opt(help="runs per point (fresh server each): mean, std, 95% CI")] = 1,
+    resume: Annotated[str | None, Opt(help="a sweep folder: skip its finished points")] = None,
+    name: Annotated[str | None, Opt(help="sweep name (in the folder name)")] = None,
+    out: Annotated[str | None, Opt(help="sweep folder (default results/<time>-<name>)")] = None,
+    no_dashboard: Annotated[bool, Opt(help="no live progress display")] = False,
+) -> None:
+    """Run one load list against a grid of engine settings, a fresh server per point; writes
+    sweep.csv and prints which setting is best at each load."""
+    from bench_cli.sweep import run_sweep
+
+    if repeat < 1:
+        console.print("[bold red]error:[/] --repeat must be >= 1")
+        raise typer.Exit(2)
+    flags = {"base_url": base_url, "model": model, "api_key": api_key, "name": name, "out": out}
+    raise typer.Exit(run_sweep(profile, flags, repeat, resume, not no_dashboard, console))
+
+
+@app.command()
+def gate(
+    current: Annotated[str, typer.Argument(help="run folder or summary.json to judge")],
+    baseline: Annotated[str, Opt(help="run folder or summary.json to compare with")],
+    max_regression: Annotated[
+        list[str], Opt(help="METRIC=PCT%, e.g. output_throughput=5% or ttft_s.p99=10%")
+    ],
+) -> None:
+    """Compare a run with a baseline; exit 1 if any metric got worse than its limit allows,
+    2 on unusable input."""
+    from bench_cli.gate import GateInputError, Limit
+    from bench_cli.gate import gate as run_gate
+
+    try:
+        checks = run_gate(current, baseline, [Limit.parse(m) for m in max_regression])
+    except GateInputError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+    table = Table(title=f"gate: {current} vs {baseline}", title_justify="left")
+    for col in ("metric", "baseline", "current", "change", "limit", "result"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for c in checks:
+        verdict = "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
+        table.add_row(
+            c.metric,
+            f"{c.baseline:.4g}",
+            f"{c.current:.4g}",
+            f"{c.change:+.1%}",
+            f"{c.limit:.0%} worse",
+            verdict,
+        )
+    console.print(table)
+    raise typer.Exit(0 if all(c.passed for c in checks) else 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 from pathlib import Path
 from typing import Any
@@ -22,23 +23,44 @@ BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
 
 def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
-    from engine.config import engine_arg_names
     from engine.model.loader import ModelLoadError
-    from loadgen.benchmark import build_plan
 
     try:
-        cfg = build_config(load_profile(profile), flags, engine_arg_names())
-        cfg.model = cfg.model or _default_model(cfg)
-        tokenizer, tokenizer_name = _tokenizer(cfg, console)
-        built = build_plan(cfg, tokenizer)
-    except (ValueError, ModelLoadError) as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
-        return 2
-    try:
+        cfg = resolve_config(load_profile(profile), flags)
         out_dir = run_dir(cfg.out, cfg.name)
-    except (ValueError, OSError) as e:
+        summary = run_one(cfg, out_dir, dashboard, console)
+    except ServerStartError as e:
+        console.print(f"[bold red]error:[/] the bundled engine did not start: {e}")
+        return 2
+    except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
+    target = cfg.base_url or f"bundled {cfg.model}"
+    print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
+    console.print(f"results: {out_dir}/", highlight=False)
+    return exit_code(summary)
+
+
+def exit_code(summary: dict[str, Any]) -> int:
+    if summary["interrupted"]:  # the shell's convention: 128 + the signal's number
+        return 128 + (summary["stop_signal"] or signal.SIGINT)
+    return 0
+
+
+def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
+    from engine.config import engine_arg_names
+
+    cfg = build_config(profile, flags, engine_arg_names())
+    cfg.model = cfg.model or _default_model(cfg)
+    return cfg
+
+
+def run_one(cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console) -> dict[str, Any]:
+    """Build the plan, start the target, run, write the results; the summary."""
+    from loadgen.benchmark import build_plan
+
+    tokenizer, tokenizer_name = _tokenizer(cfg, console)
+    built = build_plan(cfg, tokenizer)
     config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
     server: LocalServer | None = None
     try:
@@ -64,21 +86,10 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         summary, _ = run_event_loop(_run(cfg, backend, built, out_dir, dashboard, console))
         summary["config"] = config
         write_summary(out_dir, summary)  # before the server's (slow) shutdown
-    except ServerStartError as e:
-        console.print(f"[bold red]error:[/] the bundled engine did not start: {e}")
-        return 2
-    except (ValueError, ModelLoadError) as e:  # e.g. engine settings the engine refuses
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
-        return 2
     finally:
         if server is not None:
             server.stop()
-    target = cfg.base_url or f"bundled {cfg.model}"
-    print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
-    console.print(f"results: {out_dir}/", highlight=False)
-    if summary["interrupted"]:  # the shell's convention: 128 + the signal's number
-        return 128 + (summary["stop_signal"] or signal.SIGINT)
-    return 0
+    return summary
 
 
 def _default_model(cfg: RunConfig) -> str:
@@ -94,7 +105,9 @@ def _default_model(cfg: RunConfig) -> str:
 
 def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
     """The one asked for; else the model's, when we can load it; else smollm2-135m's."""
-    from engine.model.loader import ModelLoadError, load_tokenizer
+    from engine.model.loader import ModelLoadError
+
+    load_tokenizer = _cached_tokenizer
 
     if cfg.tokenizer:
         tok = load_tokenizer(cfg.tokenizer)
@@ -111,6 +124,13 @@ def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
             f"{DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from the server's usage"
         )
     return load_tokenizer(DEFAULT_TOKENIZER), DEFAULT_TOKENIZER
+
+
+@functools.lru_cache(maxsize=4)  # a sweep asks for the same one at every point
+def _cached_tokenizer(name: str) -> Any:
+    from engine.model.loader import load_tokenizer
+
+    return load_tokenizer(name)
 
 
 def _http_backend(cfg: RunConfig, base_url: str, tokenizer: Any) -> Any:

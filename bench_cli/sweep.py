@@ -1,0 +1,209 @@
+"""`bench sweep`: one load list against a grid of settings, a fresh server per point.
+
+A sweep profile is a `bench run` profile plus a `[sweep]` table of lists; the points are
+their product, in the table's order:
+
+    [sweep]
+    batching = ["static", "continuous"]   # any engine setting or run key
+    rate = [0.5, 1, 2]                    # the load axis: rate or concurrency
+
+Each point (and each of its `--repeat` runs) writes an ordinary run folder; `sweep.csv` holds
+one row a point, rewritten after every point, so an interrupted sweep keeps what finished
+and `--resume DIR` skips it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from bench_cli.export import run_dir, write_json
+from bench_cli.local_server import ServerStartError
+from bench_cli.run_command import exit_code, resolve_config, run_one
+from bench_cli.sweep_table import print_comparison
+from loadgen.config import load_profile
+
+LOAD_AXES = ("rate", "concurrency")
+# What sweep.csv keeps of each run's summary (and aggregates over repeats).
+DISTRIBUTIONS = ("ttft_s", "itl_s", "tpot_s", "e2e_s", "ttft_with_queue_s", "schedule_lag_s")
+STATS = ("mean", "p50", "p90", "p99")
+SCALARS = (
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "goodput",
+    "completed",
+    "failed",
+    "duration_s",
+)
+# Student's t at 97.5 % for 1..30 degrees of freedom: 95 % two-sided confidence intervals.
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
+T975 += (2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064)
+T975 += (2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    index: int
+    values: dict[str, Any]  # axis -> value
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.values.items())
+
+    @property
+    def dirname(self) -> str:
+        slug = "_".join(f"{k}-{v}" for k, v in self.values.items())
+        return f"p{self.index:02d}-" + re.sub(r"[^A-Za-z0-9_.-]+", "", slug)[:80]
+
+
+def load_sweep(profile: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """A profile's plain keys and its sweep axes."""
+    data = load_profile(profile)
+    axes = data.pop("sweep", None)
+    if not isinstance(axes, dict) or not axes:
+        raise ValueError(f"profile {profile!r} has no [sweep] table of lists to sweep over")
+    for key, values in axes.items():
+        if not isinstance(values, list) or not values:
+            raise ValueError(f"profile {profile!r}: sweep.{key} must be a non-empty list")
+    return data, axes
+
+
+def grid(axes: dict[str, list[Any]]) -> list[SweepPoint]:
+    keys = list(axes)
+    return [
+        SweepPoint(i, dict(zip(keys, combo, strict=True)))
+        for i, combo in enumerate(itertools.product(*(axes[k] for k in keys)))
+    ]
+
+
+def t975(df: int) -> float:
+    return T975[df - 1] if df <= len(T975) else 1.96 + 2.4 / df
+
+
+def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
+    out = {f"{d}.{s}": summary[d][s] for d in DISTRIBUTIONS for s in STATS if summary.get(d)}
+    out |= {k: summary[k] for k in SCALARS}
+    out["valid"] = float(summary["valid"])
+    out["slo_attainment"] = (
+        summary["goodput"] / summary["request_throughput"]
+        if summary.get("goodput") is not None and summary["request_throughput"]
+        else None
+    )
+    return out
+
+
+def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    """One sweep.csv row: the point's settings, then each metric's mean over its runs, with
+    `.std` and `.ci95` (half-width of the 95 % confidence interval) when repeated."""
+    row: dict[str, Any] = {"point": point.index, **point.values, "runs": len(summaries)}
+    runs = [metrics_of(s) for s in summaries]
+    for key in runs[0]:
+        values = np.array([r[key] for r in runs if r.get(key) is not None], dtype=np.float64)
+        row[key] = float(values.mean()) if len(values) else None
+        if len(summaries) > 1:
+            std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
+            row[f"{key}.std"] = std
+            row[f"{key}.ci95"] = t975(len(values) - 1) * std / math.sqrt(len(values))
+    return row
+
+
+def run_sweep(
+    profile: str,
+    flags: dict[str, Any],
+    repeat: int,
+    resume: str | None,
+    dashboard: bool,
+    console: Console,
+) -> int:
+    import pandas as pd
+
+    from engine.model.loader import ModelLoadError
+
+    try:
+        base, axes = load_sweep(profile)
+        points = grid(axes)
+        name = flags.get("name") or base.get("name", "sweep")
+        sweep_dir = Path(resume) if resume else run_dir(flags.get("out"), name)
+        plan = {"profile": base, "axes": axes, "repeat": repeat, "flags": flags}
+        _check_resume(sweep_dir, plan, resume is not None)
+        for point in points:  # every point's config must resolve before the first runs
+            resolve_config(base, _point_flags(flags, point, sweep_dir))
+    except (ValueError, OSError, ModelLoadError) as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    write_json(sweep_dir / "sweep.json", plan)
+    console.print(f"sweep {name}: {len(points)} points x {repeat} runs -> {sweep_dir}/")
+    rows: list[dict[str, Any]] = []
+    for point in points:
+        summaries = []
+        for k in range(repeat):
+            out = sweep_dir / point.dirname / (f"run{k + 1}" if repeat > 1 else "")
+            title = f"[{point.index + 1}/{len(points)}] {point.label}" + (
+                f" (run {k + 1}/{repeat})" if repeat > 1 else ""
+            )
+            summary = _finished(out)
+            if summary is not None:
+                console.print(f"{title}: done before, kept")
+            else:
+                console.rule(title)
+                shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
+                cfg = resolve_config(base, _point_flags(flags, point, out))
+                try:
+                    summary = run_one(cfg, run_dir(str(out), name), dashboard, console)
+                except (ServerStartError, ValueError, ModelLoadError) as e:
+                    console.print(f"[bold red]error at {point.label}:[/] {e}", highlight=False)
+                    return 2
+                if summary["interrupted"]:
+                    console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
+                    _write_csv(sweep_dir, rows, pd)
+                    return exit_code(summary)
+            summaries.append(summary)
+            console.print(
+                f"  {summary['completed']} ok, {summary['failed']} failed, "
+                f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
+                f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms",
+                highlight=False,
+            )
+        rows.append(aggregate(point, summaries))
+        _write_csv(sweep_dir, rows, pd)
+    print_comparison(console, rows, list(axes), [a for a in axes if a in LOAD_AXES])
+    console.print(f"sweep results: {sweep_dir}/sweep.csv", highlight=False)
+    return 0
+
+
+def _point_flags(flags: dict[str, Any], point: SweepPoint, out: Path) -> dict[str, Any]:
+    given = {k: v for k, v in flags.items() if v is not None and k not in ("name", "out")}
+    return given | point.values | {"out": str(out), "name": point.dirname}
+
+
+def _finished(out: Path) -> dict[str, Any] | None:
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if summary.get("interrupted") else summary
+
+
+def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None:
+    if not resuming:
+        return
+    try:
+        before = json.loads((sweep_dir / "sweep.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--resume {sweep_dir}: not a sweep folder ({e})") from e
+    if before != json.loads(json.dumps(plan)):
+        raise ValueError(f"--resume {sweep_dir}: the sweep's profile or flags have changed")
+
+
+def _write_csv(sweep_dir: Path, rows: list[dict[str, Any]], pd: Any) -> None:
+    if rows:
+        pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)

@@ -1,0 +1,80 @@
+"""The sweep's closing table: per load point, every setting side by side with the best of
+each column marked, then each setting's SLO knee (the highest load it still served)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+# (column, sweep.csv key, higher is better, scale, format)
+COLUMNS = (
+    ("req/s", "request_throughput", True, 1.0, "{:.2f}"),
+    ("out tok/s", "output_throughput", True, 1.0, "{:.1f}"),
+    ("TTFT p99 ms", "ttft_s.p99", False, 1e3, "{:.0f}"),
+    ("ITL p99 ms", "itl_s.p99", False, 1e3, "{:.1f}"),
+    ("TPOT p99 ms", "tpot_s.p99", False, 1e3, "{:.1f}"),
+    ("goodput", "goodput", True, 1.0, "{:.2f}"),
+    ("in SLO", "slo_attainment", True, 100.0, "{:.0f}%"),
+)
+SLO_ATTAINMENT = 0.9  # a load is "served" when 90 % of requests meet every SLO (DistServe)
+
+
+def print_comparison(
+    console: Console, rows: list[dict[str, Any]], axes: list[str], load_axes: list[str]
+) -> None:
+    settings = [a for a in axes if a not in load_axes]
+    groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        groups[tuple(row[a] for a in load_axes)].append(row)
+    for load, members in groups.items():
+        title = ", ".join(f"{a}={v}" for a, v in zip(load_axes, load, strict=True)) or "all"
+        table = Table(title=f"load: {title}", title_justify="left")
+        table.add_column(" ".join(settings) or "point", no_wrap=True)
+        cols = [c for c in COLUMNS if any(m.get(c[1]) is not None for m in members)]
+        for name, *_ in cols:
+            table.add_column(name, justify="right")
+        best = {key: _best(members, key, up) for _, key, up, _, _ in cols}
+        for m in members:
+            cells = []
+            for _, key, _, scale, fmt in cols:
+                value = m.get(key)
+                text = "-" if value is None else fmt.format(value * scale)
+                ci = m.get(f"{key}.ci95")
+                if ci is not None and value is not None:
+                    text += f" ±{fmt.format(ci * scale).rstrip('%')}"
+                cells.append(
+                    f"[bold green]{text}[/]" if len(members) > 1 and m is best[key] else text
+                )
+            label = " ".join(str(m[a]) for a in settings) or str(m["point"])
+            table.add_row(label, *cells)
+        console.print(table)
+    if load_axes and settings:
+        _print_knees(console, rows, settings, load_axes[0])
+
+
+def _best(members: list[dict[str, Any]], key: str, higher: bool) -> dict[str, Any] | None:
+    scored = [m for m in members if m.get(key) is not None]
+    if not scored:
+        return None
+    return (max if higher else min)(scored, key=lambda m: m[key])
+
+
+def _print_knees(
+    console: Console, rows: list[dict[str, Any]], settings: list[str], load: str
+) -> None:
+    """The highest load each setting served with >= 90 % of requests inside the SLO."""
+    if all(r.get("slo_attainment") is None for r in rows):
+        return
+    by_setting: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        by_setting[tuple(r[s] for s in settings)].append(r)
+    table = Table(title=f"SLO knee: highest {load} with {SLO_ATTAINMENT:.0%} in SLO")
+    table.add_column(" ".join(settings))
+    table.add_column(load, justify="right")
+    for setting, members in by_setting.items():
+        served = [m[load] for m in members if (m.get("slo_attainment") or 0) >= SLO_ATTAINMENT]
+        table.add_row(" ".join(map(str, setting)), str(max(served)) if served else "none")
+    console.print(table)

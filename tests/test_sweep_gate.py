@@ -1,0 +1,212 @@
+"""`bench sweep` end to end on the tiny model (grid, repeats with confidence intervals, resume)
+and `bench gate` (pass, fail, direction, unusable input)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from bench_cli.app import app
+from bench_cli.gate import Limit, check
+from bench_cli.sweep import aggregate, grid, load_sweep, run_sweep, t975
+
+SWEEP = """
+name = "two"
+model = "tiny-smollm2"
+arrival = "poisson"
+num_requests = 6
+warmup = 0
+input_len = "uniform:8:32"
+output_len = "4"
+slo = "ttft=5,tpot=1"
+max_num_seqs = 4
+
+[sweep]
+batching = ["static", "continuous"]
+rate = [20]
+"""
+
+
+def sweep(tmp: Path, profile: Path, **kw: Any) -> tuple[int, str]:
+    buf = io.StringIO()
+    flags = {"out": str(tmp / "sweep"), **kw.pop("flags", {})}
+    rc = run_sweep(
+        str(profile),
+        flags,
+        kw.pop("repeat", 1),
+        kw.pop("resume", None),
+        False,
+        Console(file=buf, width=120),
+    )
+    return rc, buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    tmp = tmp_path_factory.mktemp("sweep")
+    profile = tmp / "two.toml"
+    profile.write_text(SWEEP)
+    rc, printed = sweep(tmp, profile, repeat=2)
+    assert rc == 0, printed
+    return tmp, profile, printed
+
+
+def test_a_sweep_runs_every_point_and_repeat(swept: tuple[Path, Path, str]) -> None:
+    tmp, _, printed = swept
+    table = pd.read_csv(tmp / "sweep" / "sweep.csv")
+    assert list(table["batching"]) == ["static", "continuous"]
+    assert list(table["runs"]) == [2, 2] and list(table["completed"]) == [6, 6]
+    for col in (
+        "output_throughput",
+        "output_throughput.std",
+        "output_throughput.ci95",
+        "ttft_s.p99",
+        "tpot_s.p50",
+        "goodput",
+        "slo_attainment",
+    ):
+        assert col in table.columns
+    assert (table["output_throughput.ci95"] >= 0).all()
+    runs = sorted((tmp / "sweep").glob("p*/run*/summary.json"))
+    assert len(runs) == 4  # 2 points x 2 runs, each an ordinary run folder
+    batching = [
+        json.loads(r.with_name("config.json").read_text())["engine"]["scheduler"]["batching"]
+        for r in runs
+    ]
+    assert batching == ["static", "static", "continuous", "continuous"]  # each server's own
+    assert "load: rate=20" in printed and "SLO knee" in printed
+
+
+def test_resume_reruns_only_what_did_not_finish(swept: tuple[Path, Path, str]) -> None:
+    tmp, profile, _ = swept
+    kept = sorted((tmp / "sweep").glob("p*/run*/summary.json"))
+    stamps = {p: p.stat().st_mtime_ns for p in kept}
+    os.remove(kept[-1])  # as if Ctrl-C had stopped this run
+    rc, printed = sweep(tmp, profile, repeat=2, resume=str(tmp / "sweep"))
+    assert rc == 0, printed
+    assert printed.count("done before, kept") == 3
+    for p in kept[:-1]:
+        assert p.stat().st_mtime_ns == stamps[p]
+    assert kept[-1].exists()
+    assert len(pd.read_csv(tmp / "sweep" / "sweep.csv")) == 2
+
+
+def test_resume_refuses_a_changed_sweep(swept: tuple[Path, Path, str]) -> None:
+    tmp, profile, _ = swept
+    rc, printed = sweep(tmp, profile, repeat=3, resume=str(tmp / "sweep"))
+    assert rc == 2 and "changed" in printed
+
+
+def test_sweep_profiles_and_grid(tmp_path: Path) -> None:
+    base, axes = load_sweep("smoke")
+    assert base["model"] == "tiny-smollm2" and list(axes) == ["batching", "rate"]
+    points = grid(axes)
+    assert [p.values for p in points][:2] == [
+        {"batching": "static", "rate": 4},
+        {"batching": "static", "rate": 16},
+    ]
+    assert len({p.dirname for p in points}) == 4
+    bad = tmp_path / "bad.toml"
+    bad.write_text('name = "x"\n[sweep]\nrate = 2\n')
+    with pytest.raises(ValueError, match="non-empty list"):
+        load_sweep(str(bad))
+    with pytest.raises(ValueError, match="no \\[sweep\\]"):
+        load_sweep("default")
+
+
+def test_confidence_intervals() -> None:
+    assert t975(1) == pytest.approx(12.706) and t975(30) == pytest.approx(2.042)
+    assert t975(120) == pytest.approx(1.98, abs=0.002)  # the true value is 1.980
+    point = grid({"rate": [1]})[0]
+    summaries = [_summary(output_throughput=v) for v in (10.0, 12.0, 14.0)]
+    row = aggregate(point, summaries)
+    assert row["output_throughput"] == pytest.approx(12.0)
+    assert row["output_throughput.std"] == pytest.approx(2.0)
+    assert row["output_throughput.ci95"] == pytest.approx(4.303 * 2.0 / 3**0.5)
+
+
+def _summary(**over: float) -> dict[str, Any]:
+    dist = {"mean": 0.1, "p50": 0.1, "p90": 0.1, "p95": 0.1, "p99": 0.1, "max": 0.1, "count": 1}
+    s: dict[str, Any] = {k: dict(dist) for k in ("ttft_s", "itl_s", "tpot_s", "e2e_s")}
+    s |= {"ttft_with_queue_s": dict(dist), "schedule_lag_s": dict(dist)}
+    s |= {
+        "request_throughput": 1.0,
+        "output_throughput": 10.0,
+        "total_token_throughput": 20.0,
+        "goodput": 1.0,
+        "completed": 10,
+        "failed": 0,
+        "duration_s": 10.0,
+        "valid": True,
+    }
+    return s | over
+
+
+# ---- bench gate ----------------------------------------------------------------------------
+
+
+def write_run(path: Path, **over: Any) -> Path:
+    path.mkdir(parents=True)
+    s = _summary(**{k: v for k, v in over.items() if k != "ttft_p99"})
+    if "ttft_p99" in over:
+        s["ttft_s"]["p99"] = over["ttft_p99"]
+    (path / "summary.json").write_text(json.dumps(s))
+    return path
+
+
+def gate(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["gate", *args])
+    return result.exit_code, " ".join(result.output.split())  # rich wraps long lines
+
+
+def test_gate_passes_and_fails_by_direction(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base", output_throughput=100.0, ttft_p99=0.200)
+    better = write_run(tmp_path / "better", output_throughput=120.0, ttft_p99=0.150)
+    worse = write_run(tmp_path / "worse", output_throughput=94.0, ttft_p99=0.230)
+    limits = ["--max-regression", "output_throughput=5%", "--max-regression", "ttft_s.p99=10%"]
+    rc, out = gate(str(better), "--baseline", str(base), *limits)
+    assert rc == 0 and "FAIL" not in out
+    rc, out = gate(str(worse), "--baseline", str(base), *limits)
+    assert rc == 1 and out.count("FAIL") == 2  # -6 % throughput, +15 % TTFT p99
+    rc, _ = gate(str(worse), "--baseline", str(base), "--max-regression", "ttft_s.p99=20%")
+    assert rc == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-regression", "latency=5%"], "cannot be gated"),
+        (["--max-regression", "ttft_s.p42=5%"], "cannot be gated"),
+        (["--max-regression", "goodput=five%"], "not a percentage"),
+        (["--max-regression", "goodput"], "METRIC=PERCENT"),
+        (["--max-regression", "itl_per_token_s.p99=5%"], "has no metric"),
+    ],
+)
+def test_gate_bad_input_exits_2(tmp_path: Path, args: list[str], message: str) -> None:
+    base = write_run(tmp_path / "base")
+    rc, out = gate(str(base), "--baseline", str(base), *args)
+    assert rc == 2 and message in out
+
+
+def test_gate_missing_folder_exits_2(tmp_path: Path) -> None:
+    base = write_run(tmp_path / "base")
+    rc, out = gate(
+        str(tmp_path / "nope"), "--baseline", str(base), "--max-regression", "goodput=1%"
+    )
+    assert rc == 2 and "no summary.json" in out
+
+
+def test_limits_parse_and_check() -> None:
+    assert Limit.parse("output_throughput=5%").max_regression == pytest.approx(0.05)
+    assert Limit.parse("ttft_s.p99=0.1").max_regression == pytest.approx(0.1)
+    assert check(Limit("failed", 0.0), 0.0, 0.0).passed
+    assert not check(Limit("failed", 0.0), 0.0, 3.0).passed  # from none to some
+    assert check(Limit("goodput", 0.0), 0.0, 1.0).passed
