@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result
 from loadgen.config import RunConfig, build_config, load_profile
 from loadgen.runner import run_event_loop
+from loadgen.telemetry import Telemetry
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
@@ -83,7 +85,16 @@ def run_one(cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console) ->
             config["target"] = {"kind": "bundled", "base_url": server.base_url}
             config["engine"] = server.engine_config()
         write_json(out_dir / "config.json", config | environment())
-        summary, _ = run_event_loop(_run(cfg, backend, built, out_dir, dashboard, console))
+        telemetry = _telemetry(cfg, server)
+        telemetry.start()
+        try:
+            summary, outcome = run_event_loop(
+                _run(cfg, backend, built, out_dir, dashboard, console)
+            )
+        finally:
+            telemetry.stop()
+        telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
+        summary["telemetry"] = telemetry.summary()
         summary["config"] = config
         write_summary(out_dir, summary)  # before the server's (slow) shutdown
     finally:
@@ -124,6 +135,17 @@ def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
             f"{DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from the server's usage"
         )
     return load_tokenizer(DEFAULT_TOKENIZER), DEFAULT_TOKENIZER
+
+
+def _telemetry(cfg: RunConfig, server: LocalServer | None) -> Telemetry:
+    """The bundled server's process and /metrics; an external server's /metrics (vLLM serves
+    it beside /v1); in-process, our own process."""
+    if server is not None and server.proc is not None:
+        return Telemetry(server.proc.pid, f"http://127.0.0.1:{server.port}/metrics")
+    if cfg.base_url:
+        root = cfg.base_url.rstrip("/").removesuffix("/v1")
+        return Telemetry(None, f"{root}/metrics")
+    return Telemetry(os.getpid())
 
 
 @functools.lru_cache(maxsize=4)  # a sweep asks for the same one at every point

@@ -93,6 +93,9 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
     out = {f"{d}.{s}": summary[d][s] for d in DISTRIBUTIONS for s in STATS if summary.get(d)}
     out |= {k: summary[k] for k in SCALARS}
     out["valid"] = float(summary["valid"])
+    for key, value in (summary.get("telemetry") or {}).items():  # peak RSS, KV blocks, ...
+        if isinstance(value, int | float) and key != "samples":
+            out[f"telemetry.{key}"] = value
     out["slo_attainment"] = (
         summary["goodput"] / summary["request_throughput"]
         if summary.get("goodput") is not None and summary["request_throughput"]
@@ -106,7 +109,7 @@ def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, A
     `.std` and `.ci95` (half-width of the 95 % confidence interval) when repeated."""
     row: dict[str, Any] = {"point": point.index, **point.values, "runs": len(summaries)}
     runs = [metrics_of(s) for s in summaries]
-    for key in runs[0]:
+    for key in dict.fromkeys(k for r in runs for k in r):  # every run's keys, in order
         values = np.array([r[key] for r in runs if r.get(key) is not None], dtype=np.float64)
         row[key] = float(values.mean()) if len(values) else None
         if len(summaries) > 1:

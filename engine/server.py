@@ -329,6 +329,7 @@ async def metrics(request: web.Request) -> web.Response:
         "num_requests_running": ("gauge", s["num_running"], "requests in the running batch"),
         "num_requests_waiting": ("gauge", engine.num_waiting, "requests queued"),
         "kv_blocks_used": ("gauge", s["kv_blocks_used"], "KV-cache blocks in use"),
+        "kv_peak_blocks_used": ("gauge", s["kv_peak_blocks_used"], "most KV blocks ever in use"),
         "kv_blocks_total": ("gauge", s["kv_blocks_total"], "KV-cache blocks in the pool"),
         "num_preemptions_total": ("counter", s["num_preemptions"], "preemptions (recompute)"),
         "prompt_tokens_total": ("counter", s["prompt_tokens_total"], "prompt tokens prefilled"),

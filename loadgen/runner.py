@@ -63,6 +63,7 @@ class RunOutcome:
     warmup: list[RequestRecord]
     elapsed_s: float  # from the first scheduled send to the last request's end
     interrupted: bool
+    t0: float = 0.0  # perf_counter() at the first scheduled send: the records' zero
 
     def __repr__(self) -> str:
         return f"RunOutcome({len(self.records)} records, {self.elapsed_s:.2f} s)"
@@ -147,7 +148,7 @@ class LoadRunner:
                 self._finish(rec)
             gc.unfreeze()
             await self.backend.close()
-        return RunOutcome(self.records, self.warmup_records, elapsed, self._stopped)
+        return RunOutcome(self.records, self.warmup_records, elapsed, self._stopped, self.t0)
 
     async def _warmup(self) -> None:
         """Warm-up requests, before the clock starts, at most `concurrency` at a time."""

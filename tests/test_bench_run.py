@@ -67,6 +67,9 @@ def test_run_against_the_bundled_engine(tmp_path: Path, target: str, flags: dict
     config = json.loads((out / "config.json").read_text())
     assert config["versions"]["torch"] and "cpu_count" in config["hardware"]
     assert len(pd.read_csv(out / "summary.csv")) == 1
+    timeline = pd.read_csv(out / "timeline.csv")
+    assert len(timeline) >= 2 and summary["telemetry"]["samples"] == len(timeline)
+    assert summary["telemetry"]["peak_server_rss_mb"] > 10  # no GPU here: the server process
     if target == "in-process":
         assert all(r["prompt_tokens"] == r["input_len"] for r in records)
     else:  # the server's usage counts the prompt; chat adds its template's tokens
@@ -74,6 +77,7 @@ def test_run_against_the_bundled_engine(tmp_path: Path, target: str, flags: dict
         grew = [r["prompt_tokens"] > r["input_len"] for r in records]
         assert all(grew) if "chat" in target else not any(grew)
         assert (out / "server.log").exists()
+        assert summary["telemetry"]["peak_engine_kv_peak_blocks_used"] > 0  # from /metrics
     if "closed" in target:
         assert "arrival_check" not in summary
     else:

@@ -1,0 +1,168 @@
+"""What the hardware and the server did during a run, sampled on a background thread onto the
+same clock as the request records (perf_counter): GPUs through NVML; without a GPU, the
+server process's CPU% and RSS; and the engine's queue and KV-cache gauges from /metrics
+(ours, or vLLM's names). Nothing here may crash or slow a run: failures mean fewer columns."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+# Prometheus names of the engine gauges we follow: ours first, then vLLM's.
+ENGINE_GAUGES = {
+    "running": ("servebench:num_requests_running", "vllm:num_requests_running"),
+    "waiting": ("servebench:num_requests_waiting", "vllm:num_requests_waiting"),
+    "kv_blocks_used": ("servebench:kv_blocks_used",),
+    "kv_peak_blocks_used": ("servebench:kv_peak_blocks_used",),
+    "kv_usage": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
+    "preemptions": ("servebench:num_preemptions_total", "vllm:num_preemptions_total"),
+}
+
+
+def parse_gauges(text: str) -> dict[str, float]:
+    """The gauges above from Prometheus text (summed over label sets, e.g. vLLM's per model)."""
+    wanted = {name: key for key, names in ENGINE_GAUGES.items() for name in names}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        key = wanted.get(name)
+        if key is not None:
+            try:
+                out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
+class Telemetry:
+    def __init__(
+        self,
+        pid: int | None = None,
+        metrics_url: str | None = None,
+        interval_s: float = 0.1,
+        scrape_every: int = 5,
+    ) -> None:
+        self.pid, self.metrics_url, self.interval_s = pid, metrics_url, interval_s
+        self.scrape_every = scrape_every  # /metrics every 5th sample: 0.5 s by default
+        self.rows: list[dict[str, float]] = []
+        self.notes: list[str] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._nvml: Any = None
+        self._gpus: list[Any] = []
+        self._proc: Any = None
+
+    def start(self) -> None:
+        self._open_nvml()
+        if not self._gpus and self.pid is not None:
+            try:
+                import psutil
+
+                self._proc = psutil.Process(self.pid)
+                self._proc.cpu_percent()  # the first call only starts the count
+            except Exception as e:  # no such process, no permission
+                self.notes.append(f"no process telemetry: {e}")
+        self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.metrics_url:  # one last scrape: the counters' final values
+            row = {"t": time.perf_counter()}
+            self._scrape(row)
+            self.rows.append(row)
+        if self._nvml is not None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+
+    def _open_nvml(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._gpus = [
+                pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+            ]
+            self._nvml = pynvml
+        except Exception as e:  # no driver or no GPU: NVMLError_LibraryNotFound and kin
+            self.notes.append(f"no GPU telemetry ({type(e).__name__}): CPU and memory instead")
+
+    def _loop(self) -> None:
+        k = 0
+        next_t = time.perf_counter()
+        while not self._stop.is_set():
+            row: dict[str, float] = {"t": time.perf_counter()}
+            self._sample_gpus(row)
+            self._sample_process(row)
+            if self.metrics_url and k % self.scrape_every == 0:
+                self._scrape(row)
+            self.rows.append(row)
+            k += 1
+            next_t += self.interval_s
+            self._stop.wait(max(0.0, next_t - time.perf_counter()))
+
+    def _sample_gpus(self, row: dict[str, float]) -> None:
+        nv = self._nvml
+        for i, h in enumerate(self._gpus):
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(h)
+                row[f"gpu{i}_util_percent"] = float(nv.nvmlDeviceGetUtilizationRates(h).gpu)
+                row[f"gpu{i}_memory_used_mb"] = mem.used / 2**20
+                row[f"gpu{i}_memory_total_mb"] = mem.total / 2**20
+                row[f"gpu{i}_power_w"] = nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+                row[f"gpu{i}_sm_clock_mhz"] = float(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            except Exception:
+                continue
+
+    def _sample_process(self, row: dict[str, float]) -> None:
+        if self._proc is None:
+            return
+        try:
+            with self._proc.oneshot():
+                row["server_cpu_percent"] = self._proc.cpu_percent()
+                row["server_rss_mb"] = self._proc.memory_info().rss / 2**20
+        except Exception:
+            self._proc = None  # the process is gone
+
+    def _scrape(self, row: dict[str, float]) -> None:
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=1) as r:
+                row |= {f"engine_{k}": v for k, v in parse_gauges(r.read().decode()).items()}
+        except Exception:
+            pass
+
+    def summary(self) -> dict[str, Any]:
+        """Peaks and means for the run's summary (and each sweep point's row)."""
+        out: dict[str, Any] = {"samples": len(self.rows), "notes": self.notes}
+
+        def col(name: str) -> list[float]:
+            return [r[name] for r in self.rows if name in r]
+
+        names = {k for r in self.rows for k in r} - {"t"}
+        for name in sorted(names):
+            values = col(name)
+            if name.endswith(("_percent", "_power_w")):
+                out[f"mean_{name}"] = sum(values) / len(values)
+            if not name.endswith("_total_mb"):
+                out[f"peak_{name}"] = max(values)
+        if "engine_preemptions" in names:
+            p = col("engine_preemptions")
+            out["preemptions"] = p[-1] - p[0]
+        return out
+
+    def write_csv(self, path: Path, t0: float) -> None:
+        """timeline.csv: one row a sample, `t_s` on the request records' clock."""
+        import pandas as pd
+
+        frame = pd.DataFrame(self.rows)
+        if len(frame):
+            frame.insert(0, "t_s", frame.pop("t") - t0)
+        frame.to_csv(path, index=False)

@@ -1,0 +1,92 @@
+"""Telemetry: NVML through a fake `pynvml` (no GPU here), the CPU/RSS fallback for real, and
+the engine gauges scraped from Prometheus text (ours and vLLM's names)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from loadgen.telemetry import Telemetry, parse_gauges
+
+
+def test_engine_gauges_ours_and_vllms() -> None:
+    ours = "# HELP x\nservebench:num_requests_running 3\nservebench:kv_blocks_used 41\n"
+    vllm = (
+        'vllm:num_requests_running{model_name="a"} 2.0\n'
+        'vllm:num_requests_running{model_name="b"} 1.0\n'
+        'vllm:gpu_cache_usage_perc{model_name="a"} 0.25\nvllm:other 9\n'
+    )
+    assert parse_gauges(ours) == {"running": 3.0, "kv_blocks_used": 41.0}
+    assert parse_gauges(vllm) == {"running": 3.0, "kv_usage": 0.25}  # summed over models
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    nv = types.ModuleType("pynvml")
+
+    def util(h: int) -> types.SimpleNamespace:
+        return types.SimpleNamespace(gpu=50 + 10 * h)
+
+    nv.NVML_CLOCK_SM = 1  # type: ignore[attr-defined]
+    nv.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    nv.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetHandleByIndex = lambda i: i  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetUtilizationRates = util  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(  # type: ignore[attr-defined]
+        used=(1 + h) * 2**30, total=80 * 2**30
+    )
+    nv.nvmlDeviceGetPowerUsage = lambda h: 300_000  # type: ignore[attr-defined]
+    nv.nvmlDeviceGetClockInfo = lambda h, kind: 1980  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    yield nv
+
+
+def test_gpus_through_nvml(fake_nvml: types.ModuleType, tmp_path: Path) -> None:
+    tel = Telemetry(pid=None, interval_s=0.01)
+    tel.start()
+    time.sleep(0.2)
+    tel.stop()
+    s = tel.summary()
+    assert s["samples"] >= 5 and s["notes"] == []
+    assert s["peak_gpu1_memory_used_mb"] == pytest.approx(2048)
+    assert s["mean_gpu0_util_percent"] == 50 and s["peak_gpu1_util_percent"] == 60
+    assert s["mean_gpu0_power_w"] == pytest.approx(300) and s["peak_gpu0_sm_clock_mhz"] == 1980
+    tel.write_csv(tmp_path / "timeline.csv", t0=tel.rows[0]["t"])
+    frame = pd.read_csv(tmp_path / "timeline.csv")
+    assert frame["t_s"].iloc[0] == 0 and frame["t_s"].is_monotonic_increasing
+    assert "gpu1_memory_total_mb" in frame.columns
+
+
+def test_without_a_gpu_the_server_process_is_sampled() -> None:
+    """The real pynvml here finds no driver: say so once, then CPU% and RSS of the server."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        tel = Telemetry(pid=busy.pid, interval_s=0.05)
+        tel.start()
+        time.sleep(0.6)
+        tel.stop()
+    finally:
+        busy.kill()
+        busy.wait()
+    s = tel.summary()
+    assert any("no GPU telemetry" in n for n in s["notes"])
+    assert s["mean_server_cpu_percent"] > 20 and s["peak_server_rss_mb"] > 1
+    assert not any(k.startswith(("peak_gpu", "mean_gpu")) for k in s)
+
+
+def test_a_vanished_process_and_a_dead_metrics_url_do_not_crash() -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    tel = Telemetry(pid=gone.pid, metrics_url="http://127.0.0.1:9/metrics", interval_s=0.01)
+    tel.start()
+    time.sleep(0.05)
+    tel.stop()
+    assert tel.summary()["samples"] >= 1
