@@ -123,6 +123,9 @@ def serve(
     served_model_name: Annotated[str | None, typer.Option(help="name in the API")] = None,
     api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY'")] = None,
     max_queue: Annotated[int, typer.Option(help="waiting requests beyond this get 429")] = 256,
+    step_log: Annotated[
+        str | None, typer.Option(help="append one JSON line per engine step to this file")
+    ] = None,
     seed: int = 0,
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -150,6 +153,7 @@ def serve(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
+    engine.log_steps(step_log)
     app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue)
     console.print(f"serving {model} on http://{host}:{port}/v1 ({engine.kv.num_blocks} KV blocks)")
     # handler_cancellation: a client that leaves a non-streamed request aborts it too.

@@ -39,8 +39,11 @@ def serve_flags(engine: dict[str, Any]) -> list[str]:
 
 
 class LocalServer:
-    def __init__(self, model: str, engine: dict[str, Any], log_path: Path) -> None:
+    def __init__(
+        self, model: str, engine: dict[str, Any], log_path: Path, step_log: Path | None = None
+    ) -> None:
         self.model, self.engine, self.log_path = model, engine, log_path
+        self.step_log = step_log
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
@@ -48,6 +51,8 @@ class LocalServer:
     def start(self, timeout_s: float = 600.0) -> None:
         cmd = [sys.executable, "-m", "bench_cli", "serve", "--model", self.model]
         cmd += ["--port", str(self.port), *serve_flags(self.engine)]
+        if self.step_log is not None:
+            cmd += ["--step-log", str(self.step_log)]
         log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             cmd,

@@ -77,8 +77,11 @@ def run_one(cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console) ->
             )
             config["target"] = {"kind": "bundled-in-process"}
             config["engine"] = backend.engine.engine.config.to_dict()
+            backend.engine.engine.log_steps(out_dir / "steps.jsonl")
         else:
-            server = LocalServer(cfg.model, cfg.engine, out_dir / "server.log")
+            server = LocalServer(
+                cfg.model, cfg.engine, out_dir / "server.log", out_dir / "steps.jsonl"
+            )
             with console.status(f"starting the bundled engine ({cfg.model}) ..."):
                 server.start()
             backend = _http_backend(cfg, server.base_url, tokenizer)
@@ -93,8 +96,11 @@ def run_one(cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console) ->
             )
         finally:
             telemetry.stop()
+            if cfg.in_process:
+                backend.engine.engine.log_steps(None)  # closes steps.jsonl
         telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
         summary["telemetry"] = telemetry.summary()
+        summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
         summary["config"] = config
         write_summary(out_dir, summary)  # before the server's (slow) shutdown
     finally:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -89,6 +90,7 @@ class LLMEngine:
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._counters = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self._last_step = {"num_tokens": 0, "num_seqs": 0, "time_s": 0.0}
+        self._step_log: TextIO | None = None
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -161,11 +163,21 @@ class LLMEngine:
 
     # ---- one iteration -----------------------------------------------------------------
 
+    def log_steps(self, path: str | Path | None) -> None:
+        """Append one JSON line per step to `path` (None: stop): when it started on the
+        perf_counter clock (shared by processes on one machine), how long it took, what it
+        computed, and the queues and KV blocks after it. A few microseconds a step."""
+        if self._step_log is not None:
+            self._step_log.close()
+        self._step_log = None if path is None else open(path, "a", buffering=1)  # noqa: SIM115
+
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
         if out.is_empty:
             return []
         t0 = time.perf_counter()
+        if self._step_log is not None:  # before advance(): what each request is doing now
+            decode = sum(n for r, n in out.scheduled if r.num_computed_tokens == r.num_tokens - 1)
         sampled = self.runner.execute(out, self.kv.block_tables)
         self.scheduler.advance(out)
         now = time.monotonic()
@@ -184,6 +196,19 @@ class LLMEngine:
             "num_seqs": len(out.scheduled),
             "time_s": time.perf_counter() - t0,
         }
+        if self._step_log is not None:
+            line = {
+                "t": t0,
+                "dur_s": self._last_step["time_s"],
+                "prefill_tokens": out.num_batched_tokens - decode,
+                "decode_tokens": decode,
+                "seqs": len(out.scheduled),
+                "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting),
+                "kv_blocks_used": self.kv.num_used_blocks,
+                "preempted": len(out.preempted),
+            }
+            self._step_log.write(json.dumps(line) + "\n")
         return outputs
 
     def _process_token(self, req: Request, token: int) -> None:

@@ -67,6 +67,11 @@ def test_run_against_the_bundled_engine(tmp_path: Path, target: str, flags: dict
     config = json.loads((out / "config.json").read_text())
     assert config["versions"]["torch"] and "cpu_count" in config["hardware"]
     assert len(pd.read_csv(out / "summary.csv")) == 1
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert sum(s["decode_tokens"] for s in steps) == 14 * 5  # the first token is prefill's
+    assert sum(s["prefill_tokens"] for s in steps) == sum(r["prompt_tokens"] for r in records)
+    measured_steps = [s for s in steps if s["t"] >= summary["clock_t0"]]
+    assert 0 < len(measured_steps) < len(steps)  # warm-up steps came before t0
     timeline = pd.read_csv(out / "timeline.csv")
     assert len(timeline) >= 2 and summary["telemetry"]["samples"] == len(timeline)
     assert summary["telemetry"]["peak_server_rss_mb"] > 10  # no GPU here: the server process
