@@ -292,3 +292,23 @@ def gate(
         )
     console.print(table)
     raise typer.Exit(0 if all(c.passed for c in checks) else 1)
+
+
+@app.command()
+def report(
+    folder: Annotated[str, typer.Argument(help="a run folder or a sweep folder")],
+    cdn: Annotated[
+        bool, Opt(help="load plotly.js from its CDN (small file, needs internet)")
+    ] = False,
+) -> None:
+    """Rebuild report.html (plotly) from a run's or a sweep's files on disk."""
+    from pathlib import Path
+
+    from bench_cli.report import build_report
+
+    try:
+        path = build_report(Path(folder), embed=not cdn)
+    except (ValueError, OSError) as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+    console.print(f"wrote {path}", highlight=False)

@@ -57,8 +57,11 @@ def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
     return cfg
 
 
-def run_one(cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console) -> dict[str, Any]:
-    """Build the plan, start the target, run, write the results; the summary."""
+def run_one(
+    cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console, report: bool = True
+) -> dict[str, Any]:
+    """Build the plan, start the target, run, write the results (and report.html); the
+    summary."""
     from loadgen.benchmark import build_plan
 
     tokenizer, tokenizer_name = _tokenizer(cfg, console)
@@ -106,6 +109,10 @@ def run_one(cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console) ->
     finally:
         if server is not None:
             server.stop()
+    if report:
+        from bench_cli.report import run_report
+
+        run_report(out_dir)
     return summary
 
 

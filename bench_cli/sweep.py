@@ -161,7 +161,8 @@ def run_sweep(
                 shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
                 cfg = resolve_config(base, _point_flags(flags, point, out))
                 try:
-                    summary = run_one(cfg, run_dir(str(out), name), dashboard, console)
+                    out_dir = run_dir(str(out), name)
+                    summary = run_one(cfg, out_dir, dashboard, console, report=False)
                 except (ServerStartError, ValueError, ModelLoadError) as e:
                     console.print(f"[bold red]error at {point.label}:[/] {e}", highlight=False)
                     return 2
@@ -179,7 +180,10 @@ def run_sweep(
         rows.append(aggregate(point, summaries))
         _write_csv(sweep_dir, rows, pd)
     print_comparison(console, rows, list(axes), [a for a in axes if a in LOAD_AXES])
-    console.print(f"sweep results: {sweep_dir}/sweep.csv", highlight=False)
+    from bench_cli.report import sweep_report
+
+    sweep_report(sweep_dir)
+    console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
     return 0
 
 

@@ -72,6 +72,10 @@ def test_run_against_the_bundled_engine(tmp_path: Path, target: str, flags: dict
     assert sum(s["prefill_tokens"] for s in steps) == sum(r["prompt_tokens"] for r in records)
     measured_steps = [s for s in steps if s["t"] >= summary["clock_t0"]]
     assert 0 < len(measured_steps) < len(steps)  # warm-up steps came before t0
+    page = (out / "report.html").read_text()
+    for title in ("Latency distributions", "Requests over time", "Throughput and telemetry"):
+        assert title in page
+    assert ("Engine steps" in page) == (target != "external")
     timeline = pd.read_csv(out / "timeline.csv")
     assert len(timeline) >= 2 and summary["telemetry"]["samples"] == len(timeline)
     assert summary["telemetry"]["peak_server_rss_mb"] > 10  # no GPU here: the server process

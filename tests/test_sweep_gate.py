@@ -83,6 +83,21 @@ def test_a_sweep_runs_every_point_and_repeat(swept: tuple[Path, Path, str]) -> N
     ]
     assert batching == ["static", "static", "continuous", "continuous"]  # each server's own
     assert "load: rate=20" in printed and "SLO knee" in printed
+    page = (tmp / "sweep" / "report.html").read_text()
+    assert "Throughput vs latency" in page and "Against rate" in page
+    assert "plotly" in page and len(page) > 1_000_000  # plotly.js embedded: works offline
+    assert not list((tmp / "sweep").glob("p*/run*/report.html"))  # one report a sweep
+
+
+def test_bench_report_rebuilds_from_files(swept: tuple[Path, Path, str]) -> None:
+    tmp, _, _ = swept
+    run = sorted((tmp / "sweep").glob("p*/run1"))[0]
+    result = CliRunner().invoke(app, ["report", str(run), "--cdn"])
+    assert result.exit_code == 0, result.output
+    page = (run / "report.html").read_text()
+    assert "Engine steps" in page and "cdn.plot.ly" in page and len(page) < 500_000
+    result = CliRunner().invoke(app, ["report", str(tmp / "nothing")])
+    assert result.exit_code == 2
 
 
 def test_resume_reruns_only_what_did_not_finish(swept: tuple[Path, Path, str]) -> None:

@@ -1,0 +1,296 @@
+"""One self-contained HTML report per run or sweep (plotly), rebuilt from the files on disk
+alone (`bench report DIR`): a run's latency CDFs, request timeline, throughput and telemetry
+over time and its engine steps; a sweep's throughput-latency curves and goodput per load."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from loadgen.records import RequestRecord, read_records
+
+Figure = go.Figure
+
+
+def _cdf(fig: Figure, values: list[float], name: str, row: int, col: int) -> None:
+    if not values:
+        return
+    x = np.sort(np.asarray(values) * 1e3)
+    y = np.arange(1, len(x) + 1) / len(x)
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name), row=row, col=col)
+    fig.update_xaxes(title_text=f"{name} (ms)", row=row, col=col)
+
+
+def latency_figure(records: list[RequestRecord]) -> Figure:
+    ok = [r for r in records if r.ok and not r.warmup]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=("TTFT", "ITL", "TPOT", "E2E latency"))
+    ttft = [r.first_chunk_s - r.send_s for r in ok]  # type: ignore[operator]
+    itl = [g for r in ok for g in np.diff(r.chunk_s)]
+    tpot = [
+        (r.end_s - r.first_chunk_s) / (r.output_tokens - 1)  # type: ignore[operator]
+        for r in ok
+        if r.output_tokens > 1
+    ]
+    e2e = [r.end_s - r.send_s for r in ok]  # type: ignore[operator]
+    for (row, col), name, values in (
+        ((1, 1), "TTFT", ttft),
+        ((1, 2), "ITL", itl),
+        ((2, 1), "TPOT", tpot),
+        ((2, 2), "E2E", e2e),
+    ):
+        _cdf(fig, values, name, row, col)
+    fig.update_yaxes(title_text="fraction of requests (ITL: of gaps)", range=[0, 1])
+    fig.update_layout(title="Latency distributions (CDF)", showlegend=False, height=650)
+    return fig
+
+
+def timeline_figure(records: list[RequestRecord]) -> Figure:
+    """Each request as a line: grey from send to first chunk (TTFT), blue while streaming."""
+    ok = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.send_s or 0)
+    wait_x: list[float | None] = []
+    wait_y: list[float | None] = []
+    stream_x: list[float | None] = []
+    stream_y: list[float | None] = []
+    for i, r in enumerate(ok):
+        wait_x += [r.send_s, r.first_chunk_s, None]
+        wait_y += [i, i, None]
+        stream_x += [r.first_chunk_s, r.end_s, None]
+        stream_y += [i, i, None]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=wait_x,
+            y=wait_y,
+            mode="lines",
+            name="waiting for the first token",
+            line={"color": "#bbbbbb"},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=stream_x, y=stream_y, mode="lines", name="streaming", line={"color": "#1f77b4"}
+        )
+    )
+    failed = [r for r in records if not r.ok and not r.warmup and r.send_s is not None]
+    if failed:
+        fig.add_trace(
+            go.Scatter(
+                x=[r.send_s for r in failed],
+                y=[0] * len(failed),
+                mode="markers",
+                name="failed",
+                marker={"color": "red"},
+            )
+        )
+    fig.update_layout(
+        title="Requests over time (sorted by send)",
+        xaxis_title="time (s)",
+        yaxis_title="request",
+        height=450,
+    )
+    return fig
+
+
+def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | None) -> Figure:
+    """Output tokens per second in 1 s bins, requests in flight, and the telemetry columns."""
+    ok = [r for r in records if r.ok and not r.warmup]
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=("output tokens/s and requests in flight", "telemetry"),
+    )
+    if ok:
+        times = np.concatenate([np.repeat(r.chunk_s, r.chunk_tokens) for r in ok])
+        end = max(r.end_s or 0 for r in ok)
+        bins = np.arange(0, end + 1.0, 1.0)
+        counts, edges = np.histogram(times, bins=bins)
+        fig.add_trace(go.Bar(x=edges[:-1] + 0.5, y=counts, name="output tok/s"), row=1, col=1)
+        grid = np.linspace(0, end, 400)
+        in_flight = [sum((r.send_s or 0) <= t < (r.end_s or 0) for r in ok) for t in grid]
+        fig.add_trace(go.Scatter(x=grid, y=in_flight, name="in flight", mode="lines"), row=1, col=1)
+    if timeline is not None and len(timeline):
+        for col in timeline.columns:
+            if col != "t_s" and timeline[col].notna().any():
+                fig.add_trace(
+                    go.Scatter(
+                        x=timeline["t_s"], y=timeline[col], name=col, mode="lines", connectgaps=True
+                    ),
+                    row=2,
+                    col=1,
+                )
+    fig.update_xaxes(title_text="time (s)", row=2, col=1)
+    fig.update_layout(title="Throughput and telemetry over time", height=650)
+    return fig
+
+
+def steps_figure(steps: pd.DataFrame, t0: float) -> Figure:
+    """What each engine step computed: prefill and decode tokens, its time, KV blocks."""
+    t = steps["t"] - t0
+    fig = make_subplots(
+        rows=3,
+        cols=1,
+        shared_xaxes=True,
+        subplot_titles=("tokens per step", "step time (ms)", "KV blocks used"),
+    )
+    fig.add_trace(go.Bar(x=t, y=steps["prefill_tokens"], name="prefill"), row=1, col=1)
+    fig.add_trace(go.Bar(x=t, y=steps["decode_tokens"], name="decode"), row=1, col=1)
+    fig.add_trace(
+        go.Scatter(
+            x=t, y=steps["dur_s"] * 1e3, mode="markers", name="step time", marker={"size": 3}
+        ),
+        row=2,
+        col=1,
+    )
+    fig.add_trace(
+        go.Scatter(x=t, y=steps["kv_blocks_used"], mode="lines", name="KV blocks"), row=3, col=1
+    )
+    fig.update_layout(
+        barmode="stack", title="Engine steps (t=0: the first scheduled send)", height=750
+    )
+    fig.update_xaxes(title_text="time (s)", row=3, col=1)
+    return fig
+
+
+def sweep_figures(table: pd.DataFrame, axes: list[str], load: str | None) -> list[Figure]:
+    settings = [a for a in axes if a != load]
+    label = (
+        table[settings].astype(str).agg(" ".join, axis=1)
+        if settings
+        else table["point"].astype(str)
+    )
+    table = table.copy().assign(setting=label)  # read_csv of a wide table is fragmented
+    figs = []
+    fig = go.Figure()
+    for name, g in table.groupby("setting", sort=False):
+        fig.add_trace(
+            go.Scatter(
+                x=g["output_throughput"],
+                y=g["tpot_s.p99"] * 1e3,
+                mode="lines+markers",
+                name=str(name),
+                text=[f"{load}={v}" for v in g[load]] if load else None,
+            )
+        )
+    fig.update_layout(
+        title="Throughput vs latency (each point a load)",
+        xaxis_title="output tokens/s",
+        yaxis_title="TPOT p99 (ms)",
+        height=450,
+    )
+    figs.append(fig)
+    if load:
+        fig = make_subplots(
+            rows=1, cols=3, subplot_titles=("goodput", "TTFT p99 (ms)", "ITL p99 (ms)")
+        )
+        for name, g in table.groupby("setting", sort=False):
+            for col, key, scale in (
+                (1, "goodput", 1),
+                (2, "ttft_s.p99", 1e3),
+                (3, "itl_s.p99", 1e3),
+            ):
+                if key in g and g[key].notna().any():
+                    fig.add_trace(
+                        go.Scatter(
+                            x=g[load],
+                            y=g[key] * scale,
+                            mode="lines+markers",
+                            name=str(name),
+                            legendgroup=str(name),
+                            showlegend=col == 1,
+                        ),
+                        row=1,
+                        col=col,
+                    )
+        fig.update_xaxes(title_text=load)
+        fig.update_layout(title=f"Against {load}", height=450)
+        figs.append(fig)
+    return figs
+
+
+def _page(title: str, intro: str, figs: list[Figure], table_html: str, embed: bool) -> str:
+    parts = []
+    for i, fig in enumerate(figs):
+        js: Any = (True if embed else "cdn") if i == 0 else False
+        parts.append(fig.to_html(full_html=False, include_plotlyjs=js))
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        "<style>body{font-family:sans-serif;margin:24px;max-width:1200px}"
+        "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
+        "padding:3px 8px;text-align:right}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>{intro}</p>{table_html}{''.join(parts)}</body></html>"
+    )
+
+
+def run_report(run: Path, embed: bool = True) -> Path:
+    summary = json.loads((run / "summary.json").read_text())
+    records = read_records(run / "requests.jsonl")
+    timeline = pd.read_csv(run / "timeline.csv") if (run / "timeline.csv").is_file() else None
+    figs = [latency_figure(records), timeline_figure(records), throughput_figure(records, timeline)]
+    steps_file = run / "steps.jsonl"
+    if steps_file.is_file() and steps_file.stat().st_size:
+        figs.append(steps_figure(pd.read_json(steps_file, lines=True), summary.get("clock_t0", 0)))
+    rows = {
+        k: summary[k]
+        for k in (
+            "completed",
+            "failed",
+            "duration_s",
+            "request_throughput",
+            "output_throughput",
+            "goodput",
+            "valid",
+        )
+    }
+    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        rows[f"{key} p50 / p99 (ms)"] = (
+            f"{(summary[key]['p50'] or 0) * 1e3:.1f} / {(summary[key]['p99'] or 0) * 1e3:.1f}"
+        )
+    table = pd.DataFrame([rows]).to_html(index=False, float_format=lambda v: f"{v:.3g}")
+    warnings = "".join(f"<li>{html.escape(w)}</li>" for w in summary.get("warnings", []))
+    target = summary.get("config", {}).get("target", {})
+    intro = html.escape(
+        f"{summary.get('config', {}).get('run', {}).get('name', run.name)}: {target}"
+    )
+    out = run / "report.html"
+    out.write_text(
+        _page(f"servebench run {run.name}", intro + f"<ul>{warnings}</ul>", figs, table, embed)
+    )
+    return out
+
+
+def sweep_report(sweep: Path, embed: bool = True) -> Path:
+    table = pd.read_csv(sweep / "sweep.csv")
+    plan = json.loads((sweep / "sweep.json").read_text())
+    axes = list(plan["axes"])
+    load = next((a for a in axes if a in ("rate", "concurrency")), None)
+    figs = sweep_figures(table, axes, load)
+    keep = [c for c in table.columns if not c.endswith((".std", ".p50", ".p90", ".mean"))]
+    out = sweep / "report.html"
+    intro = html.escape(f"{len(table)} points over {', '.join(axes)}; {plan['repeat']} run(s) each")
+    out.write_text(
+        _page(
+            f"servebench sweep {sweep.name}",
+            intro,
+            figs,
+            table[keep].to_html(index=False, float_format=lambda v: f"{v:.3g}"),
+            embed,
+        )
+    )
+    return out
+
+
+def build_report(path: Path, embed: bool = True) -> Path:
+    """A run folder or a sweep folder, told apart by what is in it."""
+    if (path / "sweep.csv").is_file():
+        return sweep_report(path, embed)
+    if (path / "summary.json").is_file():
+        return run_report(path, embed)
+    raise ValueError(f"{path}: neither a run folder (summary.json) nor a sweep (sweep.csv)")
