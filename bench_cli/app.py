@@ -261,36 +261,59 @@ def sweep(
 
 @app.command()
 def gate(
-    current: Annotated[str, typer.Argument(help="run folder or summary.json to judge")],
-    baseline: Annotated[str, Opt(help="run folder or summary.json to compare with")],
+    current: Annotated[str, typer.Argument(help="run or sweep folder (or summary.json) to judge")],
+    baseline: Annotated[str | None, Opt(help="run or sweep folder to compare with")] = None,
     max_regression: Annotated[
-        list[str], Opt(help="METRIC=PCT%, e.g. output_throughput=5% or ttft_s.p99=10%")
-    ],
+        list[str] | None, Opt(help="METRIC=PCT%, e.g. output_throughput=5% or ttft_s.p99=10%")
+    ] = None,
+    ratio: Annotated[
+        list[str] | None,
+        Opt(
+            help="within a sweep: 'output_throughput[batching=continuous]/"
+            "output_throughput[batching=static]>=2'"
+        ),
+    ] = None,
 ) -> None:
-    """Compare a run with a baseline; exit 1 if any metric got worse than its limit allows,
-    2 on unusable input."""
-    from bench_cli.gate import GateInputError, Limit
+    """Judge a run or sweep: against a baseline (--max-regression) and/or by ratios inside
+    it (--ratio). Exit 1 if anything fails, 2 on unusable input."""
+    from bench_cli.gate import GateInputError, Limit, Ratio, load_results
     from bench_cli.gate import gate as run_gate
 
     try:
-        checks = run_gate(current, baseline, [Limit.parse(m) for m in max_regression])
+        if not max_regression and not ratio:
+            raise GateInputError("nothing to check: give --max-regression and/or --ratio")
+        if max_regression and baseline is None:
+            raise GateInputError("--max-regression needs --baseline")
+        checks = []
+        if max_regression:
+            limits = [Limit.parse(m) for m in max_regression]
+            checks += run_gate(current, baseline, limits)  # type: ignore[arg-type]
+        if ratio:
+            results = load_results(current)
+            checks += [c for r in ratio for c in Ratio.parse(r).evaluate(results)]
     except GateInputError as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None
-    table = Table(title=f"gate: {current} vs {baseline}", title_justify="left")
-    for col in ("metric", "baseline", "current", "change", "limit", "result"):
-        table.add_column(col, justify="left" if col == "metric" else "right")
+    table = Table(title=f"gate: {current}" + (f" vs {baseline}" if baseline else ""))
+    for col in ("check", "point", "baseline / bottom", "current / top", "change", "limit", ""):
+        table.add_column(col, justify="left" if col in ("check", "point") else "right")
     for c in checks:
-        verdict = "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
+        verdict = (
+            "[yellow]noise[/]" if c.noise else "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
+        )
+        is_ratio = "[" in c.metric
         table.add_row(
             c.metric,
+            c.point,
             f"{c.baseline:.4g}",
             f"{c.current:.4g}",
-            f"{c.change:+.1%}",
-            f"{c.limit:.0%} worse",
+            f"x{c.change:.2f}" if is_ratio else f"{c.change:+.1%}",
+            f"{c.limit:g}" if is_ratio else f"{c.limit:.0%} worse",
             verdict,
         )
     console.print(table)
+    if any(c.noise for c in checks):
+        console.print("[yellow]noise[/]: worse than the limit, but inside both runs' 95% CIs")
     raise typer.Exit(0 if all(c.passed for c in checks) else 1)
 
 

@@ -225,3 +225,51 @@ def test_limits_parse_and_check() -> None:
     assert check(Limit("failed", 0.0), 0.0, 0.0).passed
     assert not check(Limit("failed", 0.0), 0.0, 3.0).passed  # from none to some
     assert check(Limit("goodput", 0.0), 0.0, 1.0).passed
+
+
+def write_sweep(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.mkdir(parents=True)
+    (path / "sweep.json").write_text(json.dumps({"axes": {"batching": [], "rate": []}}))
+    pd.DataFrame(rows).to_csv(path / "sweep.csv", index=False)
+    return path
+
+
+def test_gate_sweeps_point_by_point_and_calls_overlapping_cis_noise(tmp_path: Path) -> None:
+    def row(batching: str, rate: int, tput: float, ci: float) -> dict[str, Any]:
+        return {
+            "batching": batching,
+            "rate": rate,
+            "output_throughput": tput,
+            "output_throughput.ci95": ci,
+        }
+
+    base = write_sweep(tmp_path / "base", [row("static", 1, 100, 2), row("continuous", 1, 200, 2)])
+    # static: -6 % but the intervals overlap (94 +- 5 vs 100 +- 2): noise, not a failure;
+    # continuous: -20 %, far outside both intervals: a regression.
+    cur = write_sweep(tmp_path / "cur", [row("static", 1, 94, 5), row("continuous", 1, 160, 2)])
+    rc, out = gate(str(cur), "--baseline", str(base), "--max-regression", "output_throughput=5%")
+    assert rc == 1 and "noise" in out and out.count("FAIL") == 1
+
+
+def test_gate_ratios_inside_one_sweep(tmp_path: Path) -> None:
+    rows = [
+        {"batching": "static", "rate": 1, "output_throughput": 50.0},
+        {"batching": "continuous", "rate": 1, "output_throughput": 120.0},
+        {"batching": "static", "rate": 2, "output_throughput": 60.0},
+        {"batching": "continuous", "rate": 2, "output_throughput": 100.0},
+    ]
+    sweep_dir = write_sweep(tmp_path / "s", rows)
+    ratio = "output_throughput[batching=continuous]/output_throughput[batching=static]>=2"
+    rc, out = gate(str(sweep_dir), "--ratio", ratio)
+    assert rc == 1 and "rate=1" in out and out.count("FAIL") == 1  # x2.4 passes, x1.67 fails
+    rc, _ = gate(str(sweep_dir), "--ratio", ratio.replace(">=2", ">=1.5"))
+    assert rc == 0
+    for bad, message in (
+        ("output_throughput[batching=continuous]/goodput[batching=static]>=2", "expected"),
+        ("output_throughput[mode=a]/output_throughput[mode=b]>=2", "not axes"),
+        ("output_throughput[batching=fast]/output_throughput[batching=static]>=2", "no point"),
+    ):
+        rc, out = gate(str(sweep_dir), "--ratio", bad)
+        assert rc == 2 and message in out, out
+    rc, out = gate(str(sweep_dir))
+    assert rc == 2 and "nothing to check" in out
