@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,7 +128,7 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def value_of(row: dict[str, Any], metric: str, where: str) -> float:
     value = row.get(metric)
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+    if value is None or isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise GateInputError(f"{where}: has no metric {metric!r}")
     if math.isnan(value):
         raise GateInputError(f"{where}: metric {metric!r} is empty (NaN)")
@@ -185,8 +186,9 @@ def gate(current: str | Path, baseline: str | Path, limits: list[Limit]) -> list
             b = value_of(brow, lim.metric, f"{baseline} {point}".strip())
             c = value_of(row, lim.metric, f"{current} {point}".strip())
             cis = (brow.get(f"{lim.metric}.ci95"), row.get(f"{lim.metric}.ci95"))
-            ci = cis if all(isinstance(x, float) and not math.isnan(x) for x in cis) else None
-            checks.append(check(lim, b, c, point, ci))  # type: ignore[arg-type]
+            real = all(isinstance(x, numbers.Real) and not math.isnan(x) for x in cis)
+            ci = (float(cis[0]), float(cis[1])) if real else None  # type: ignore[arg-type]
+            checks.append(check(lim, b, c, point, ci))
     return checks
 
 
