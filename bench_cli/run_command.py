@@ -28,7 +28,9 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     from engine.model.loader import ModelLoadError
 
     try:
-        cfg = resolve_config(load_profile(profile), flags)
+        data = load_profile(profile)
+        data.pop("sweep", None)  # a sweep profile's base load runs as one point
+        cfg = resolve_config(data, flags)
         out_dir = run_dir(cfg.out, cfg.name)
         summary = run_one(cfg, out_dir, dashboard, console)
     except ServerStartError as e:
