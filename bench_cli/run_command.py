@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
@@ -97,7 +96,7 @@ def run_one(
         telemetry.start()
         try:
             summary, outcome = run_event_loop(
-                _run(cfg, backend, built, out_dir, dashboard, console)
+                _run(cfg, backend, built, out_dir, dashboard, console, telemetry)
             )
         finally:
             telemetry.stop()
@@ -195,45 +194,31 @@ def _load_text(cfg: RunConfig) -> str:
 
 
 async def _run(
-    cfg: RunConfig, backend: Any, built: Any, out_dir: Path, dashboard: bool, console: Console
+    cfg: RunConfig,
+    backend: Any,
+    built: Any,
+    out_dir: Path,
+    dashboard: bool,
+    console: Console,
+    telemetry: Telemetry | None = None,
 ) -> tuple[dict[str, Any], Any]:
+    from bench_cli.dashboard import Dashboard
     from loadgen.benchmark import run_benchmark
 
     if not dashboard:
         return await run_benchmark(cfg, backend, built, out_dir)
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("[green]ok {task.fields[ok]}[/] [red]failed {task.fields[failed]}[/]"),
-        TextColumn("in flight {task.fields[in_flight]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-    task = bar.add_task("warming up", total=built.plan.total, ok=0, failed=0, in_flight=0)
-    updater: asyncio.Task | None = None
-
-    async def refresh(runner: Any) -> None:
-        while True:
-            p = runner.progress
-            bar.update(
-                task,
-                description="warming up" if p.warming_up else "running",
-                completed=p.completed + p.failed,
-                ok=p.completed,
-                failed=p.failed,
-                in_flight=p.in_flight,
-            )
-            await asyncio.sleep(0.25)
+    view: asyncio.Task | None = None
 
     def on_start(runner: Any) -> None:
-        nonlocal updater
-        updater = asyncio.create_task(refresh(runner))
+        nonlocal view
+        title = f"{cfg.name}: {_load_text(cfg)}"
+        rate = cfg.rate if cfg.rate and cfg.arrival != "trace" else None
+        view = asyncio.create_task(Dashboard(runner, telemetry, title, rate, console).run())
 
-    with bar:
-        try:
-            return await run_benchmark(cfg, backend, built, out_dir, on_start)
-        finally:
-            if updater is not None:
-                updater.cancel()
+    try:
+        return await run_benchmark(cfg, backend, built, out_dir, on_start)
+    finally:
+        if view is not None:
+            view.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await view

@@ -10,6 +10,7 @@ a real run, so the cost of keeping them is counted.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,7 +46,23 @@ def start_server(port: int, core: int | None) -> subprocess.Popen:
     raise RuntimeError("mock server did not start")
 
 
-def measure(url: str, rate: float, seconds: float, chunks: int, tmp: Path) -> dict:
+async def _with_dashboard(runner: LoadRunner, rate: float) -> Any:
+    """The live dashboard redrawing as in `bench run`, onto a terminal that is /dev/null."""
+    from rich.console import Console
+
+    from bench_cli.dashboard import Dashboard
+
+    console = Console(file=open(os.devnull, "w"), force_terminal=True, width=120)  # noqa: SIM115
+    view = asyncio.create_task(Dashboard(runner, None, "capacity", rate, console).run())
+    try:
+        return await runner.run()
+    finally:
+        view.cancel()
+
+
+def measure(
+    url: str, rate: float, seconds: float, chunks: int, tmp: Path, dashboard: bool = False
+) -> dict:
     arrivals = Arrivals("poisson", rate=rate, seed=int(rate))
     offsets = take_schedule(arrivals.offsets(), None, seconds)
     specs = iter([RequestSpec("x " * 16, 16, chunks)] * len(offsets))
@@ -53,7 +71,7 @@ def measure(url: str, rate: float, seconds: float, chunks: int, tmp: Path) -> di
     # Warm-up requests open the connection pool first, as --warmup does in a real run.
     warmup = [RequestSpec("x " * 16, 16, chunks)] * 256
     runner = LoadRunner(backend, LoadPlan(specs, offsets, warmup=warmup), writer.write)
-    outcome = run_event_loop(runner.run())
+    outcome = run_event_loop(_with_dashboard(runner, rate) if dashboard else runner.run())
     writer.close()
     s = summarize(outcome.records, outcome.elapsed_s, arrivals)
     check = s["arrival_check"]
@@ -81,6 +99,7 @@ def main() -> None:
     p.add_argument("--start", type=float, default=250.0, help="first rate (doubles until a miss)")
     p.add_argument("--chunks", type=int, default=32)
     p.add_argument("--port", type=int, default=8199)
+    p.add_argument("--dashboard", action="store_true", help="with the live dashboard redrawing")
     a = p.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     client_core, server_core = (cores[0], cores[1]) if len(cores) > 1 else (cores[0], None)
@@ -94,7 +113,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
 
             def trial(rate: float) -> dict:
-                r = measure(url, rate, a.seconds, a.chunks, Path(tmp))
+                r = measure(url, rate, a.seconds, a.chunks, Path(tmp), a.dashboard)
                 print(
                     f"{r['rate']:8.0f} {r['scheduled']:10.1f} {r['achieved']:9.1f} "
                     f"{r['p99_lag_ms']:11.2f} {r['failed']:7d}  {'yes' if r['ok'] else 'no'}"

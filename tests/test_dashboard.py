@@ -1,0 +1,74 @@
+"""The live dashboard the way a person sees it: `bench run` in a tmux pane, read back with
+capture-pane; and the plain progress lines a log gets instead."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bench_cli.dashboard import sparkline
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+
+
+def test_sparkline() -> None:
+    assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([5, 5, 5]) == "▁▁▁" and sparkline([]) == ""
+
+
+def pane(session: str) -> str:
+    out = subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
+    )
+    return out.stdout
+
+
+def test_dashboard_in_a_terminal(tmp_path: Path, mock_server: Callable[..., str]) -> None:
+    url = mock_server("--ttft", "0.05", "--itl", "0.02")
+    out = tmp_path / "run"
+    session = f"sb{int(time.time() * 1000) % 10**8}"
+    cmd = (
+        f"{sys.executable} -m bench_cli run --base-url {url} --rate 10 --num-requests 100 "
+        f"--output-len 16 --input-len 32 --out {out}; sleep 60"
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "50", cmd], check=True
+    )
+    try:
+        screen = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # mid-run: the live panel
+            screen = pane(session)
+            if "sent" in screen and "ok " in screen and "TTFT" in screen and " s " in screen:
+                break
+            time.sleep(0.5)
+        assert "servebench" in screen and "in flight" in screen, screen
+        assert "rate" in screen and "of 10 req/s" in screen and "p50 / p99 ms" in screen, screen
+        while time.monotonic() < deadline and "results:" not in screen:  # the end: tables
+            time.sleep(0.5)
+            screen = pane(session)
+        assert "Successful requests" in screen and "sent 100/100" in screen, screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], check=False)
+
+
+def test_without_a_terminal_a_log_gets_progress_lines(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    url = mock_server("--ttft", "0.05", "--itl", "0.02")
+    cmd = [sys.executable, "-m", "bench_cli", "run", "--base-url", url, "--rate", "10"]
+    cmd += ["--num-requests", "70", "--output-len", "8", "--input-len", "16"]
+    cmd += ["--out", str(tmp_path / "run")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [
+        line for line in done.stdout.splitlines() if line.startswith("default: ") and " s, " in line
+    ]
+    assert lines and "sent" in lines[0] and "TTFT" in lines[0]  # one every 5 s
+    assert "╭" not in done.stdout  # no live panel in a log
