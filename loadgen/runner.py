@@ -109,6 +109,7 @@ class LoadRunner:
         self._stopped = False
         self.stop_signal: int | None = None
         self.t0 = 0.0
+        self.next_send: float | None = None  # open loop: perf_counter() of the next send
 
     def stop(self, signum: int | None = None) -> None:
         """Stop sending and cancel what is in flight (Ctrl-C); finished records are kept."""
@@ -172,7 +173,8 @@ class LoadRunner:
         assert self.plan.offsets is not None
         cap = asyncio.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
         for i, (offset, spec) in enumerate(zip(self.plan.offsets, self.plan.specs, strict=False)):
-            await sleep_until(self.t0 + offset)
+            self.next_send = self.t0 + offset
+            await sleep_until(self.next_send)
             rec = self._record(i, spec)
             rec.scheduled_s = offset
             self._launch(self._capped(spec, rec, cap))
