@@ -212,6 +212,9 @@ def run(
         float | None, Opt(help="p99 schedule lag above which the run is invalid")
     ] = None,
     timeout: Annotated[float | None, Opt(help="per-request timeout in seconds")] = None,
+    telemetry_interval: Annotated[
+        float | None, Opt(help="seconds between telemetry samples (GPU, CPU, /metrics)")
+    ] = None,
     out: Annotated[str | None, Opt(help="results folder (default results/<time>-<name>)")] = None,
     no_dashboard: Annotated[bool, Opt(help="no live progress display")] = False,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,

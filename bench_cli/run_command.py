@@ -154,12 +154,13 @@ def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
 def _telemetry(cfg: RunConfig, server: LocalServer | None) -> Telemetry:
     """The bundled server's process and /metrics; an external server's /metrics (vLLM serves
     it beside /v1); in-process, our own process."""
+    every = cfg.telemetry_interval
     if server is not None and server.proc is not None:
-        return Telemetry(server.proc.pid, f"http://127.0.0.1:{server.port}/metrics")
+        return Telemetry(server.proc.pid, f"http://127.0.0.1:{server.port}/metrics", every)
     if cfg.base_url:
         root = cfg.base_url.rstrip("/").removesuffix("/v1")
-        return Telemetry(None, f"{root}/metrics")
-    return Telemetry(os.getpid())
+        return Telemetry(None, f"{root}/metrics", every)
+    return Telemetry(os.getpid(), None, every)
 
 
 @functools.lru_cache(maxsize=4)  # a sweep asks for the same one at every point

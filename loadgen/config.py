@@ -64,6 +64,7 @@ class RunConfig:
     slo: str | None = None
     max_p99_lag_ms: float = 10.0
     timeout: float = 600.0
+    telemetry_interval: float = 0.1  # seconds between telemetry samples
     out: str | None = None
 
     @property
@@ -93,6 +94,8 @@ class RunConfig:
             value = getattr(self, key)
             if value is not None and value < (0 if key == "warmup" else 1):
                 raise ValueError(f"{key} must be >= {0 if key == 'warmup' else 1}, got {value}")
+        if not 0.01 <= self.telemetry_interval <= 60:
+            raise ValueError(f"telemetry interval {self.telemetry_interval} s: use 0.01..60")
         if self.duration is not None and not self.duration > 0:
             raise ValueError(f"duration must be > 0 seconds, got {self.duration}")
         if self.in_process and self.base_url:
@@ -162,6 +165,14 @@ def _coerce(key: str, value: Any) -> Any:
     """Profiles may write lengths as numbers and rates as integers."""
     if key in ("input_len", "output_len"):
         return str(value)
-    if key in ("rate", "burstiness", "time_scale", "duration", "timeout", "max_p99_lag_ms"):
+    if key in (
+        "rate",
+        "burstiness",
+        "time_scale",
+        "duration",
+        "timeout",
+        "max_p99_lag_ms",
+        "telemetry_interval",
+    ):
         return float(value)
     return value
