@@ -99,14 +99,16 @@ def timeline_figure(records: list[RequestRecord]) -> Figure:
 
 
 def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | None) -> Figure:
-    """Output tokens per second in 1 s bins, requests in flight, and the telemetry columns."""
+    """Output tokens per second in 1 s bins, requests in flight, and the telemetry columns
+    (a row each; no telemetry row when the run has none)."""
     ok = [r for r in records if r.ok and not r.warmup]
-    fig = make_subplots(
-        rows=2,
-        cols=1,
-        shared_xaxes=True,
-        subplot_titles=("output tokens/s and requests in flight", "telemetry"),
+    signals = (
+        []
+        if timeline is None
+        else [c for c in timeline.columns if c != "t_s" and timeline[c].notna().any()]
     )
+    titles = ["output tokens/s", "requests in flight"] + (["telemetry"] if signals else [])
+    fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles)
     if ok:
         times = np.concatenate([np.repeat(r.chunk_s, r.chunk_tokens) for r in ok])
         end = max(r.end_s or 0 for r in ok)
@@ -115,19 +117,18 @@ def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | Non
         fig.add_trace(go.Bar(x=edges[:-1] + 0.5, y=counts, name="output tok/s"), row=1, col=1)
         grid = np.linspace(0, end, 400)
         in_flight = [sum((r.send_s or 0) <= t < (r.end_s or 0) for r in ok) for t in grid]
-        fig.add_trace(go.Scatter(x=grid, y=in_flight, name="in flight", mode="lines"), row=1, col=1)
-    if timeline is not None and len(timeline):
-        for col in timeline.columns:
-            if col != "t_s" and timeline[col].notna().any():
-                fig.add_trace(
-                    go.Scatter(
-                        x=timeline["t_s"], y=timeline[col], name=col, mode="lines", connectgaps=True
-                    ),
-                    row=2,
-                    col=1,
-                )
-    fig.update_xaxes(title_text="time (s)", row=2, col=1)
-    fig.update_layout(title="Throughput and telemetry over time", height=650)
+        fig.add_trace(go.Scatter(x=grid, y=in_flight, name="in flight", mode="lines"), row=2, col=1)
+    for col in signals:
+        assert timeline is not None
+        fig.add_trace(
+            go.Scatter(
+                x=timeline["t_s"], y=timeline[col], name=col, mode="lines", connectgaps=True
+            ),
+            row=3,
+            col=1,
+        )
+    fig.update_xaxes(title_text="time (s)", row=len(titles), col=1)
+    fig.update_layout(title="Throughput and telemetry over time", height=300 * len(titles))
     return fig
 
 
