@@ -132,7 +132,7 @@ def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
     """The one asked for; else the model's, when we can load it; else smollm2-135m's."""
     from engine.model.loader import ModelLoadError
 
-    load_tokenizer = _cached_tokenizer
+    load_tokenizer = _cached_tokenizer  # a sweep loads the same one at every point
 
     if cfg.tokenizer:
         tok = load_tokenizer(cfg.tokenizer)

@@ -4,7 +4,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import socket
 import subprocess
 import sys
 import time
@@ -13,11 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_cli.local_server import free_port
 
 
 @pytest.fixture
@@ -26,7 +21,7 @@ def mock_server() -> Iterator[Callable[..., str]]:
     procs: list[subprocess.Popen] = []
 
     def start(*args: str) -> str:
-        port = _free_port()
+        port = free_port()
         cmd = [sys.executable, "-m", "loadgen.mock_server", "--port", str(port), *args]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         deadline = time.monotonic() + 30
