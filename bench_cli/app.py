@@ -37,6 +37,21 @@ BlockSize = Annotated[int, typer.Option(help="tokens per KV block")]
 NumKVBlocks = Annotated[int | None, typer.Option(help="KV blocks (wins over the memory budget)")]
 KVMemory = Annotated[float | None, typer.Option(help="KV-cache memory budget in GiB")]
 MaxModelLen = Annotated[int | None, typer.Option(help="longest prompt + output")]
+Quantization = Annotated[str | None, typer.Option(help="fp8: e4m3 linear weights")]
+KVDtype = Annotated[str, typer.Option(help="auto | bfloat16 | float32 | fp8 (e4m3, scaled)")]
+
+
+def memory_line(engine: Any) -> str:
+    """Weights and KV cache as held, for the start-up line: what fp8 saves is visible there."""
+    c = engine.config
+    kv_gib = engine.stats()["kv_block_bytes"] * engine.kv.num_blocks / 2**30
+    held = "fp8 linears" if c.quantization else c.dtype
+    return (
+        f"weights {engine.weight_bytes / 2**20:.0f} MiB ({held}; "
+        f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
+        f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
+        f"({c.cache.kv_cache_dtype})"
+    )
 
 
 def engine_args(options: dict[str, Any]) -> dict[str, Any]:
@@ -67,6 +82,8 @@ def generate(
     num_kv_blocks: NumKVBlocks = None,
     kv_cache_memory_gb: KVMemory = None,
     max_model_len: MaxModelLen = None,
+    quantization: Quantization = None,
+    kv_cache_dtype: KVDtype = "auto",
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -107,6 +124,7 @@ def generate(
         f"load {load_s:.1f} s · generate {gen_s:.2f} s · {n_out / gen_s:.1f} output tok/s · "
         f"{stats['num_steps']} steps · {stats['num_preemptions']} preemptions"
     )
+    console.print(memory_line(llm.llm_engine))
     console.print(
         f"KV cache: peak {stats['kv_peak_blocks_used']}/{stats['kv_blocks_total']} blocks of "
         f"{stats['kv_block_size']} tokens = {paged:.1f} MiB paged, vs {contiguous:.1f} MiB if each "
@@ -138,6 +156,8 @@ def serve(
     num_kv_blocks: NumKVBlocks = None,
     kv_cache_memory_gb: KVMemory = None,
     max_model_len: MaxModelLen = None,
+    quantization: Quantization = None,
+    kv_cache_dtype: KVDtype = "auto",
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -155,7 +175,7 @@ def serve(
     engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
     engine.log_steps(step_log)
     app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue)
-    console.print(f"serving {model} on http://{host}:{port}/v1 ({engine.kv.num_blocks} KV blocks)")
+    console.print(f"serving {model} on http://{host}:{port}/v1 · {memory_line(engine)}")
     # handler_cancellation: a client that leaves a non-streamed request aborts it too.
     web.run_app(
         app, host=host, port=port, print=None, shutdown_timeout=10, handler_cancellation=True
@@ -230,6 +250,10 @@ def run(
     num_kv_blocks: Annotated[int | None, Opt(help="engine: KV blocks")] = None,
     kv_cache_memory_gb: Annotated[float | None, Opt(help="engine: KV budget in GiB")] = None,
     max_model_len: Annotated[int | None, Opt(help="engine: longest prompt + output")] = None,
+    quantization: Annotated[str | None, Opt(help="engine: fp8 (e4m3 linear weights)")] = None,
+    kv_cache_dtype: Annotated[
+        str | None, Opt(help="engine: auto | bfloat16 | float32 | fp8")
+    ] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""

@@ -78,9 +78,11 @@ class LocalServer:
         raise ServerStartError(f"the server was not healthy after {timeout_s:.0f} s")
 
     def engine_config(self) -> dict[str, Any] | None:
+        """The server's resolved engine config, with its weight and KV memory under "memory"."""
         try:
             with urllib.request.urlopen(f"{self.base_url}/engine/config", timeout=5) as r:
-                return json.loads(r.read())["engine"]
+                body = json.loads(r.read())
+                return {**body["engine"], "memory": body.get("memory")}
         except (urllib.error.URLError, OSError, ValueError, KeyError):
             return None
 

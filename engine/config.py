@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Batching = Literal["continuous", "static"]
+KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8", "fp8_e4m3")
 
 
 @dataclass(slots=True)
@@ -37,7 +38,9 @@ class CacheConfig:
     block_size: int = 16
     num_kv_blocks: int | None = None  # wins over the memory budget when set
     kv_cache_memory_gb: float | None = None  # default: 2 GiB, capped to what max_num_seqs can use
-    kv_cache_dtype: Literal["auto"] = "auto"
+    # auto: the model's dtype. fp8 (alias fp8_e4m3): e4m3 with calibrated per-head scales,
+    # half of bf16's bytes, so the same memory budget holds twice the blocks.
+    kv_cache_dtype: Literal["auto", "bfloat16", "float32", "fp8", "fp8_e4m3"] = "auto"
 
 
 @dataclass(slots=True)
@@ -57,6 +60,7 @@ class EngineConfig:
     model: str = "smollm2-135m"
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: see engine.resolve_dtype
     device: str = "auto"
+    quantization: Literal["fp8"] | None = None  # fp8: e4m3 linear weights, per-channel scales
     seed: int = 0
     max_model_len: int | None = None  # default: the model's context length
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -84,6 +88,15 @@ class EngineConfig:
             raise ValueError(f"batching must be 'continuous' or 'static', got {s.batching!r}")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {self.dtype!r}")
+        if c.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {c.kv_cache_dtype!r}"
+            )
+        if c.kv_cache_dtype == "fp8_e4m3":
+            c.kv_cache_dtype = "fp8"
+        if self.quantization not in (None, "fp8"):
+            raise ValueError(f"quantization must be 'fp8' or unset, got {self.quantization!r}")
         for name, value in (("max_num_seqs", s.max_num_seqs), ("block_size", c.block_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -94,7 +107,7 @@ class EngineConfig:
         if s.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 
-    def resolve(self, model_config: ModelConfig, dtype_bytes: int) -> None:
+    def resolve(self, model_config: ModelConfig, kv_dtype_bytes: int) -> None:
         """Fill the defaults that depend on the model: context length, token budget, KV blocks."""
         if self.max_model_len is None:
             self.max_model_len = model_config.max_position_embeddings
@@ -104,7 +117,7 @@ class EngineConfig:
                 2048 if s.enable_chunked_prefill else max(2048, self.max_model_len)
             )
         if c.num_kv_blocks is None:
-            block_bytes = c.block_size * model_config.kv_bytes_per_token(dtype_bytes)
+            block_bytes = c.block_size * model_config.kv_bytes_per_token(kv_dtype_bytes)
             budget_gb = 2.0 if c.kv_cache_memory_gb is None else c.kv_cache_memory_gb
             by_memory = int(budget_gb * 2**30 // block_bytes)
             if by_memory < 1:

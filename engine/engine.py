@@ -13,20 +13,36 @@ import torch
 
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
+from engine.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
+from engine.ops.fp8 import FP8
 from engine.request import FinishReason, Request, RequestOutput, SamplingParams
 from engine.runner import ModelRunner
 from engine.scheduler import Scheduler
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 
 
 @functools.lru_cache(maxsize=2)
-def _load_shared(model: str, dtype: torch.dtype, device: torch.device, seed: int) -> LoadedModel:
+def _load_shared(
+    model: str, dtype: torch.dtype, device: torch.device, seed: int, quantization: str | None
+) -> LoadedModel:
     """Weights are read-only to the engine, so engines in one process share them: a benchmark
     or test that compares settings loads the model once."""
-    return load_model(model, dtype, device, seed)
+    loaded = load_model(model, dtype, device, seed)
+    if quantization == "fp8":
+        loaded.model.quantize_fp8()
+    return loaded
+
+
+@functools.lru_cache(maxsize=4)
+def _kv_scales(
+    model: str, dtype: torch.dtype, device: torch.device, seed: int, quantization: str | None
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    loaded = _load_shared(model, dtype, device, seed, quantization)
+    ids = calibration_token_ids(loaded.tokenizer, loaded.config.vocab_size)
+    return calibrate_kv_scales(loaded.model, loaded.config, ids, block_size=16)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -65,7 +81,12 @@ class LLMEngine:
         config.dtype = resolve_dtype(config.dtype, self.device)  # recorded as resolved
         dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
-        loaded = _load_shared(config.model, dtype, self.device, config.seed)
+        model_key = (config.model, dtype, self.device, config.seed, config.quantization)
+        loaded = _load_shared(*model_key)
+        cache = config.cache
+        if cache.kv_cache_dtype == "auto":
+            cache.kv_cache_dtype = config.dtype  # recorded as resolved
+        kv_dtype = DTYPES[cache.kv_cache_dtype]
         self.model_config = loaded.config
         self.tokenizer: Tokenizer | None = loaded.tokenizer
         self.model_source = loaded.source
@@ -74,15 +95,23 @@ class LLMEngine:
                 f"max_model_len={config.max_model_len} exceeds the model's context length "
                 f"{loaded.config.max_position_embeddings}"
             )
-        config.resolve(loaded.config, dtype.itemsize)
+        config.resolve(loaded.config, kv_dtype.itemsize)
         assert config.max_model_len is not None and config.cache.num_kv_blocks is not None
         self.max_model_len = config.max_model_len
         loaded.model.prepare(self.max_model_len)
         self.kv = KVCacheManager(config.cache.num_kv_blocks, config.cache.block_size)
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         self.runner = ModelRunner(
-            loaded.model, loaded.config, self.kv.num_blocks, config.cache.block_size, config.seed
+            loaded.model,
+            loaded.config,
+            self.kv.num_blocks,
+            cache.block_size,
+            config.seed,
+            kv_dtype,
+            _kv_scales(*model_key) if kv_dtype == FP8 else None,
         )
+        self.weight_bytes = loaded.model.weight_bytes()
+        self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
         self.eos_token_ids = loaded.config.eos_token_ids or (
             loaded.tokenizer.eos_token_ids if loaded.tokenizer else ()
         )
@@ -238,11 +267,32 @@ class LLMEngine:
             req.output_text += detok.step(req.token_ids, final=True)
         del self.requests[req.request_id]
 
+    @torch.inference_mode()
+    def prompt_logits(self, token_ids: list[int], chunk_size: int | None = None) -> torch.Tensor:
+        """Float32 logits [n, vocab] of the next token after each of `token_ids`, computed
+        through this engine's paged KV cache (its dtype, its scales) in chunks of the step
+        budget, as a prompt would be: for perplexity and divergence between settings. Uses free
+        KV blocks; call it between steps."""
+        n = len(token_ids)
+        if not 0 < n <= self.max_model_len:
+            raise ValueError(f"need 1..{self.max_model_len} tokens, got {n}")
+        chunk = chunk_size or self.config.scheduler.max_num_batched_tokens or n
+        rid = "\0prompt_logits"
+        if not self.kv.allocate_slots(rid, n):
+            raise RuntimeError(f"{n} tokens need more free KV blocks than the engine has")
+        try:
+            hidden = self.runner.prefill(token_ids, self.kv.block_tables[rid], chunk)
+            return torch.cat(
+                [self.runner.model.compute_logits(h).float() for h in hidden.split(512)]
+            )
+        finally:
+            self.kv.free(rid)
+
     # ---- observability -----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
         block_bytes = self.config.cache.block_size * self.model_config.kv_bytes_per_token(
-            DTYPES[self.config.dtype].itemsize
+            DTYPES[self.config.cache.kv_cache_dtype].itemsize
         )
         token_bytes = block_bytes // self.config.cache.block_size
         return {
@@ -252,6 +302,7 @@ class LLMEngine:
             "kv_blocks_used": self.kv.num_used_blocks,
             "kv_blocks_total": self.kv.num_blocks,
             "kv_block_size": self.config.cache.block_size,
+            "kv_block_bytes": block_bytes,
             "kv_peak_blocks_used": self.kv.peak_blocks_used,
             "kv_peak_bytes_used": self.kv.peak_blocks_used * block_bytes,
             # What the same peak concurrency would reserve with one max-length slab per request.

@@ -7,9 +7,10 @@ import numpy as np
 import torch
 
 from engine.config import ModelConfig
-from engine.model.llama import KVCache, LlamaForCausalLM
-from engine.ops import AttentionMetadata
-from engine.request import Request
+from engine.model.llama import LlamaForCausalLM
+from engine.ops import AttentionMetadata, KVCache
+from engine.ops.fp8 import FP8
+from engine.request import Request, SamplingParams
 from engine.sampler import sample
 from engine.scheduler import SchedulerOutput
 
@@ -22,20 +23,31 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         seed: int,
+        kv_dtype: torch.dtype | None = None,
+        kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> None:
+        """kv_dtype: the cache's storage dtype (default: the model's); fp8 needs `kv_scales`,
+        one (k_scale, v_scale) pair per layer (see engine/kv_scales.py)."""
         self.model = model
         self.block_size = block_size
         p = model.embed_tokens.weight
         self.device, self.dtype = p.device, p.dtype
+        kv_dtype = kv_dtype or self.dtype
+        if (kv_dtype == FP8) != (kv_scales is not None):
+            raise ValueError("an fp8 KV cache needs scales, and only an fp8 one takes them")
         shape = (model_config.num_kv_heads, num_blocks, block_size, model_config.head_dim)
         # Zeros, not empty: masked-out slots are still multiplied by 0, and 0 * NaN is NaN.
-        self.kv_caches: list[KVCache] = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
+        self.kv_caches: list[KVCache] = []
+        for layer in range(model_config.num_layers):
+            k_scale, v_scale = kv_scales[layer] if kv_scales else (None, None)
+            self.kv_caches.append(
+                KVCache(
+                    torch.zeros(shape, dtype=kv_dtype, device=self.device),
+                    torch.zeros(shape, dtype=kv_dtype, device=self.device),
+                    None if k_scale is None else k_scale.to(self.device),
+                    None if v_scale is None else v_scale.to(self.device),
+                )
             )
-            for _ in range(model_config.num_layers)
-        ]
         self.generator = torch.Generator().manual_seed(seed)
 
     @torch.inference_mode()
@@ -45,7 +57,7 @@ class ModelRunner:
         """Run one step; returns (request, sampled token) for requests that caught up."""
         # Decodes (single-token queries) first: attention batches them without padding.
         items = sorted(out.scheduled, key=lambda item: item[1] != 1)
-        input_ids, positions, meta = self._prepare(items, block_tables)
+        input_ids, positions, meta = self.prepare_inputs(items, block_tables)
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
         ends = np.cumsum([n for _, n in items]) - 1
         done = [i for i, (r, n) in enumerate(items) if r.num_computed_tokens + n == r.num_tokens]
@@ -56,7 +68,24 @@ class ModelRunner:
         reqs = [items[i][0] for i in done]
         return list(zip(reqs, sample(logits, reqs, self.generator), strict=True))
 
-    def _prepare(
+    @torch.inference_mode()
+    def prefill(
+        self, token_ids: list[int], block_table: list[int], chunk_size: int
+    ) -> torch.Tensor:
+        """Hidden states [n, hidden] of every token of one sequence, computed through the paged
+        cache `chunk_size` tokens at a time (each chunk reads the earlier ones from the cache,
+        as chunked prefill does). For calibration and scoring, between engine steps."""
+        req = Request("prefill", token_ids, SamplingParams(max_tokens=1))
+        tables = {req.request_id: block_table}
+        hidden = []
+        while req.num_computed_tokens < len(token_ids):
+            n = min(chunk_size, len(token_ids) - req.num_computed_tokens)
+            input_ids, positions, meta = self.prepare_inputs([(req, n)], tables)
+            hidden.append(self.model(input_ids, positions, self.kv_caches, meta))
+            req.num_computed_tokens += n
+        return torch.cat(hidden)
+
+    def prepare_inputs(
         self, items: list[tuple[Request, int]], block_tables: dict[str, list[int]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         bs = self.block_size

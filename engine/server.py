@@ -300,8 +300,18 @@ async def health(request: web.Request) -> web.Response:
 
 async def engine_config(request: web.Request) -> web.Response:
     """The engine's whole resolved config (a servebench extension): what a benchmark records."""
-    config = request.app[ENGINE_KEY].engine.config.to_dict()
-    return web.json_response({"model_name": request.app[STATE_KEY].model_name, "engine": config})
+    engine = request.app[ENGINE_KEY].engine
+    return web.json_response(
+        {
+            "model_name": request.app[STATE_KEY].model_name,
+            "engine": engine.config.to_dict(),
+            "memory": {
+                "weight_bytes": engine.weight_bytes,
+                "weight_bytes_bf16": engine.weight_bytes_bf16,
+                "kv_cache_bytes": engine.stats()["kv_block_bytes"] * engine.kv.num_blocks,
+            },
+        }
+    )
 
 
 async def models(request: web.Request) -> web.Response:
@@ -376,6 +386,8 @@ def build_app(
         "enable_chunked_prefill": cfg.scheduler.enable_chunked_prefill,
         "num_kv_blocks": cfg.cache.num_kv_blocks,
         "block_size": cfg.cache.block_size,
+        "kv_cache_dtype": cfg.cache.kv_cache_dtype,
+        "quantization": cfg.quantization or "none",
     }
     app[ENGINE_KEY] = engine
     app[STATE_KEY] = ServerState(model_name, api_key, max_queue, time.time(), flat, Histogram())

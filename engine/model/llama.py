@@ -15,6 +15,7 @@ from torch import nn
 from engine.config import ModelConfig
 from engine.ops import (
     AttentionMetadata,
+    KVCache,
     apply_rotary,
     paged_attention,
     rms_norm,
@@ -22,8 +23,7 @@ from engine.ops import (
     silu_and_mul,
     write_kv_cache,
 )
-
-KVCache = tuple[torch.Tensor, torch.Tensor]  # [kv_heads, num_blocks, block_size, head_dim] each
+from engine.ops.fp8 import Fp8Linear
 
 
 class RMSNorm(nn.Module):
@@ -58,8 +58,8 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos_sin)
         k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos_sin)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        write_kv_cache(k, v, *kv_cache, meta.slot_mapping)
-        o = paged_attention(q, *kv_cache, meta, self.scale)  # [T, heads, head_dim]
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        o = paged_attention(q, kv_cache, meta, self.scale)  # [T, heads, head_dim]
         return self.o_proj(o.view(t, self.q_size))
 
 
@@ -124,6 +124,27 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)  # [N, vocab], model dtype: the sampler upcasts what it needs
+
+    def quantize_fp8(self) -> None:
+        """Linear weights of every layer to e4m3 with per-channel scales, in place. Embeddings,
+        norms and the LM head stay in the model dtype (as in vLLM's fp8 checkpoints)."""
+        for layer in self.layers:
+            for parent, name in (
+                (layer.self_attn, "qkv_proj"),
+                (layer.self_attn, "o_proj"),
+                (layer.mlp, "gate_up_proj"),
+                (layer.mlp, "down_proj"),
+            ):
+                setattr(parent, name, Fp8Linear.from_linear(getattr(parent, name)))
+
+    def weight_bytes(self, as_dtype: torch.dtype | None = None) -> int:
+        """Bytes of the weights as held (a tied embedding counted once), or as they would be
+        with every weight in `as_dtype` (fp8 scales left out): what quantization saves."""
+        named = dict(self.named_parameters()) | dict(self.named_buffers())
+        if as_dtype is None:
+            return sum(t.numel() * t.element_size() for t in named.values())
+        size = torch.empty((), dtype=as_dtype).element_size()
+        return sum(t.numel() * size for n, t in named.items() if not n.endswith("weight_scale"))
 
     def load_hf_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy tensors named as in a Hugging Face Llama checkpoint into the fused layout."""

@@ -12,6 +12,25 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.ops.fp8 import FP8, quantize, upcast
+
+
+@dataclass(slots=True)
+class KVCache:
+    """One layer's paged K and V, head-major [kv_heads, num_blocks, block_size, head_dim].
+
+    They may be stored in another dtype than the model computes in (bf16 storage under a
+    float32 model, or fp8); fp8 caches carry a float32 scale per KV head, [kv_heads, 1, 1]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.k.dtype == FP8
+
 
 @dataclass(slots=True)
 class AttentionMetadata:
@@ -32,50 +51,60 @@ class AttentionMetadata:
 def write_kv_cache(
     k: torch.Tensor,  # [T, kv_heads, head_dim]
     v: torch.Tensor,
-    k_cache: torch.Tensor,  # [kv_heads, num_blocks, block_size, head_dim]
-    v_cache: torch.Tensor,
+    cache: KVCache,
     slot_mapping: torch.Tensor,  # [T]
 ) -> None:
-    heads, _, _, head_dim = k_cache.shape
-    k_cache.view(heads, -1, head_dim).index_copy_(1, slot_mapping, k.transpose(0, 1))
-    v_cache.view(heads, -1, head_dim).index_copy_(1, slot_mapping, v.transpose(0, 1))
+    for new, dst, scale in ((k, cache.k, cache.k_scale), (v, cache.v, cache.v_scale)):
+        heads, _, _, head_dim = dst.shape
+        new = new.transpose(0, 1)  # [kv_heads, T, head_dim]
+        if scale is not None:
+            # index_copy_ has no fp8 kernel on CPU: copy the bytes.
+            new, dst = quantize(new, scale).view(torch.uint8), dst.view(torch.uint8)
+        dst.view(heads, -1, head_dim).index_copy_(1, slot_mapping, new.to(dst.dtype))
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[B, nb] block tables -> keys or values [B, kv_heads, nb * block_size, head_dim].
+def _gather(
+    cache: torch.Tensor, scale: torch.Tensor | None, block_tables: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """[B, nb] block tables -> keys or values [B, kv_heads, nb * block_size, head_dim] in `dtype`.
 
     The cache is head-major so that each gathered head is one contiguous [tokens, head_dim]
     matrix: attention's matmuls run on it in place (measured ~1.6x faster SDPA than a
-    token-major layout's strided view)."""
+    token-major layout's strided view). An fp8 cache is dequantized after the gather, so only
+    the blocks read are converted."""
     heads, _, block_size, head_dim = cache.shape
     b, nb = block_tables.shape
     gathered = cache.index_select(1, block_tables.flatten())  # [heads, B * nb, bs, head_dim]
+    if scale is not None:
+        gathered, factor = upcast(gathered, dtype)
+        gathered *= (scale[:, :, :, None] * factor).to(dtype)
+    else:
+        gathered = gathered.to(dtype)
     return gathered.view(heads, b, nb * block_size, head_dim).transpose(0, 1)
 
 
 def paged_attention(
     q: torch.Tensor,  # [T, heads, head_dim]
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    cache: KVCache,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
     num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[0]
+    num_kv_heads = cache.k.shape[0]
     nd = meta.num_decode_tokens
     out = torch.empty_like(q)
     if nd:
         # Fold the query heads that share a KV head into the query axis: no K/V repeat.
         qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        k = _gather(k_cache, meta.decode_block_tables)
-        v = _gather(v_cache, meta.decode_block_tables)
+        k = _gather(cache.k, cache.k_scale, meta.decode_block_tables, q.dtype)
+        v = _gather(cache.v, cache.v_scale, meta.decode_block_tables, q.dtype)
         o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask, scale=scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)
     if nd < num_tokens:
         bp, qp = meta.prefill_gather.shape
         qpad = q[nd:][meta.prefill_gather].transpose(1, 2)  # [Bp, heads, Qp, head_dim]
-        k = _gather(k_cache, meta.prefill_block_tables)
-        v = _gather(v_cache, meta.prefill_block_tables)
+        k = _gather(cache.k, cache.k_scale, meta.prefill_block_tables, q.dtype)
+        v = _gather(cache.v, cache.v_scale, meta.prefill_block_tables, q.dtype)
         o = F.scaled_dot_product_attention(
             qpad,
             k,

@@ -1,0 +1,148 @@
+"""What FP8 costs in accuracy: the model in its own dtype vs fp8 weights, fp8 KV cache, both.
+
+For each variant: perplexity of benchmarks/data/fp8_eval.txt (computed through the engine's
+paged cache in 256-token chunks, so later chunks read earlier K/V back from the cache), mean
+KL divergence of its next-token distributions from the baseline's, top-1 agreement with the
+baseline, and how many greedy tokens it generates identically to the baseline on chat prompts.
+
+    python benchmarks/fp8_accuracy.py [--model smollm2-135m] [--dtype auto] [--scale-study]
+
+--scale-study adds fp8-KV rows with other scale choices (one scale per layer; vLLM's default
+1.0 without checkpoint scales) to show why the engine calibrates one per head."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+
+from engine import LLM, SamplingParams
+from engine.ops.fp8 import FP8_MAX
+
+EVAL_TEXT = Path(__file__).parent / "data" / "fp8_eval.txt"
+CHAT_PROMPTS = [
+    "What is the capital of France, and what is it famous for?",
+    "Write a Python function that reverses a linked list.",
+    "Explain photosynthesis to a ten-year-old.",
+    "Give me three tips for a job interview.",
+    "What causes the seasons on Earth?",
+    "Translate 'good morning, how are you?' into Spanish and German.",
+    "Summarize the plot of Romeo and Juliet in two sentences.",
+    "How do I make a cup of green tea?",
+]
+CHUNK = 256
+GEN_TOKENS = 64
+
+
+def per_layer_scales(llm: LLM) -> None:
+    """One scale per layer: the largest of its heads' calibrated scales."""
+    for cache in llm.llm_engine.runner.kv_caches:
+        cache.k_scale = cache.k_scale.amax().expand_as(cache.k_scale).clone()
+        cache.v_scale = cache.v_scale.amax().expand_as(cache.v_scale).clone()
+
+
+def unit_scales(llm: LLM) -> None:
+    for cache in llm.llm_engine.runner.kv_caches:
+        cache.k_scale = torch.ones_like(cache.k_scale)
+        cache.v_scale = torch.ones_like(cache.v_scale)
+
+
+def evaluate(llm: LLM, ids: list[int], prompts: list[str]) -> tuple[torch.Tensor, list[list[int]]]:
+    logprobs = llm.llm_engine.prompt_logits(ids, CHUNK).log_softmax(-1)
+    outs = llm.generate(
+        prompts, SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True)
+    )
+    return logprobs, [list(o.outputs[0].token_ids) for o in outs]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--scale-study", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    variants: list[tuple[str, dict, object]] = [
+        ("baseline", {}, None),
+        ("bf16 KV", {"kv_cache_dtype": "bfloat16"}, None),
+        ("fp8 weights", {"quantization": "fp8"}, None),
+        ("fp8 KV", {"kv_cache_dtype": "fp8"}, None),
+        ("fp8 weights + KV", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, None),
+    ]
+    if args.scale_study:
+        variants += [
+            ("fp8 KV, scale per layer", {"kv_cache_dtype": "fp8"}, per_layer_scales),
+            ("fp8 KV, scale 1.0", {"kv_cache_dtype": "fp8"}, unit_scales),
+        ]
+
+    base_lp: torch.Tensor | None = None
+    base_gen: list[list[int]] = []
+    rows = []
+    for label, kwargs, adjust in variants:
+        t0 = time.perf_counter()
+        llm = LLM(args.model, dtype=args.dtype, max_num_batched_tokens=CHUNK, **kwargs)
+        tok = llm.get_tokenizer()
+        assert tok is not None, "the accuracy benchmark needs a model with a tokenizer"
+        ids = tok.encode(EVAL_TEXT.read_text())
+        prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
+        if adjust is not None:
+            adjust(llm)
+        lp, gen = evaluate(llm, ids, prompts)
+        nll = -lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
+        if base_lp is None:
+            base_lp, base_gen = lp, gen
+        kl = (base_lp.exp() * (base_lp - lp)).sum(-1).mean().item()
+        top1 = (base_lp.argmax(-1) == lp.argmax(-1)).float().mean().item()
+        match = [common_prefix(g, b) for g, b in zip(gen, base_gen, strict=True)]
+        e = llm.llm_engine
+        rows.append(
+            (
+                label,
+                e.config.dtype,
+                e.config.cache.kv_cache_dtype,
+                e.weight_bytes / 2**20,
+                torch.exp(torch.tensor(nll)).item(),
+                kl,
+                top1,
+                sum(match) / len(match),
+                sum(m == GEN_TOKENS for m in match),
+                time.perf_counter() - t0,
+            )
+        )
+        print(f"  {label}: done in {rows[-1][-1]:.0f} s", flush=True)
+        del llm
+
+    print(
+        f"\n{args.model}, eval text {len(ids)} tokens in {CHUNK}-token chunks, "
+        f"{len(CHAT_PROMPTS)} chat prompts x {GEN_TOKENS} greedy tokens, "
+        f"{torch.get_num_threads()} threads; e4m3 max {FP8_MAX:.0f}"
+    )
+    head = (
+        f"{'variant':<26}{'dtype':>9}{'KV':>10}{'weights MiB':>13}{'ppl':>9}{'ppl +%':>8}"
+        f"{'KL':>9}{'top-1':>8}{'greedy match':>14}{'all 64':>8}"
+    )
+    print(head)
+    base_ppl = rows[0][4]
+    for label, dtype, kv, mib, ppl, kl, top1, mean_match, full, _ in rows:
+        print(
+            f"{label:<26}{dtype:>9}{kv:>10}{mib:>13.1f}{ppl:>9.3f}"
+            f"{(ppl / base_ppl - 1) * 100:>+8.2f}{kl:>9.5f}{top1:>8.3f}"
+            f"{mean_match:>14.1f}{full:>5}/{len(CHAT_PROMPTS)}"
+        )
+
+
+if __name__ == "__main__":
+    main()
