@@ -18,6 +18,8 @@ COLUMNS = (
     ("TPOT p99 ms", "tpot_s.p99", False, 1e3, "{:.1f}"),
     ("goodput", "goodput", True, 1.0, "{:.2f}"),
     ("in SLO", "slo_attainment", True, 100.0, "{:.0f}%"),
+    ("mean running", "telemetry.mean_engine_running", True, 1.0, "{:.1f}"),
+    ("preempted", "telemetry.preemptions", False, 1.0, "{:.0f}"),
 )
 SLO_ATTAINMENT = 0.9  # a load is "served" when 90 % of requests meet every SLO (DistServe)
 

@@ -60,7 +60,7 @@ class EngineConfig:
     model: str = "smollm2-135m"
     dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: see engine.resolve_dtype
     device: str = "auto"
-    quantization: Literal["fp8"] | None = None  # fp8: e4m3 linear weights, per-channel scales
+    quantization: Literal["fp8", "none"] | None = None  # fp8: e4m3 linears, per-channel scales
     seed: int = 0
     max_model_len: int | None = None  # default: the model's context length
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -95,6 +95,8 @@ class EngineConfig:
             )
         if c.kv_cache_dtype == "fp8_e4m3":
             c.kv_cache_dtype = "fp8"
+        if self.quantization == "none":  # a profile's sweep list cannot hold TOML's missing null
+            self.quantization = None
         if self.quantization not in (None, "fp8"):
             raise ValueError(f"quantization must be 'fp8' or unset, got {self.quantization!r}")
         for name, value in (("max_num_seqs", s.max_num_seqs), ("block_size", c.block_size)):

@@ -22,6 +22,10 @@ ENGINE_GAUGES = {
     "preemptions": ("servebench:num_preemptions_total", "vllm:num_preemptions_total"),
 }
 
+# Engine gauges whose mean over the run matters, not only the peak: the batch the engine
+# actually kept (an fp8 KV cache should hold about twice as many at the same budget).
+TIME_AVERAGED = ("engine_running", "engine_kv_blocks_used")
+
 
 def parse_gauges(text: str) -> dict[str, float]:
     """The gauges above from Prometheus text (summed over label sets, e.g. vLLM's per model)."""
@@ -149,7 +153,7 @@ class Telemetry:
         names = {k for r in self.rows for k in r} - {"t"}
         for name in sorted(names):
             values = col(name)
-            if name.endswith(("_percent", "_power_w")):
+            if name.endswith(("_percent", "_power_w")) or name in TIME_AVERAGED:
                 out[f"mean_{name}"] = sum(values) / len(values)
             if not name.endswith("_total_mb"):
                 out[f"peak_{name}"] = max(values)

@@ -1,6 +1,7 @@
 """The offline API's contract: vLLM-shaped outputs, stop conditions, sampling, aborts, errors."""
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
@@ -160,3 +161,18 @@ def test_auto_dtype_is_bf16_only_where_the_hardware_runs_it_natively() -> None:
     assert llm.llm_engine.config.dtype in ("bfloat16", "float32")  # recorded as resolved
     with pytest.raises(ValueError, match="dtype"):
         EngineConfig.from_kwargs("tiny-llama", dtype="float16")
+
+
+def test_prompt_logits_agree_with_greedy_and_across_chunk_sizes(llm: LLM) -> None:
+    engine = llm.llm_engine
+    prompt = [(i * 13) % 500 + 2 for i in range(70)]
+    whole = engine.prompt_logits(prompt, chunk_size=70)
+    assert whole.shape == (70, 512) and whole.dtype == torch.float32
+    for chunk in (1, 16, 33):  # later chunks read earlier tokens back from the paged cache
+        torch.testing.assert_close(engine.prompt_logits(prompt, chunk), whole, rtol=1e-4, atol=1e-3)
+    # the last row is what generation samples its first token from; each row predicts the next
+    full = prompt + llm.generate([prompt], greedy(3, ignore_eos=True))[0].outputs[0].token_ids
+    assert engine.prompt_logits(full)[69:72].argmax(-1).tolist() == full[70:73]
+    assert engine.stats()["kv_blocks_used"] == 0
+    with pytest.raises(RuntimeError, match="free KV blocks"):
+        engine.prompt_logits([5] * 700)  # 44 blocks > the 40 this engine has

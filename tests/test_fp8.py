@@ -78,6 +78,20 @@ def test_fp8_linear_matches_a_float_reference(scaled_mm: bool) -> None:
     assert rel < (0.04 if not scaled_mm else 0.06), rel
 
 
+def test_weight_only_path_is_the_same_when_cut_into_row_blocks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import engine.ops.fp8 as fp8
+
+    x = torch.randn(3, 5, 128)
+    q, scale = quantize_per_channel(torch.randn(64, 128))
+    whole = fp8_linear(x, q, scale, scaled_mm=False)  # one block
+    monkeypatch.setattr(fp8, "_CPU_BLOCK_ELEMENTS", 7 * 128)  # 10 blocks, the last one short
+    torch.testing.assert_close(fp8_linear(x, q, scale, scaled_mm=False), whole)
+    exact = F.linear(x, dequantize(q, scale[:, None], torch.float32))
+    torch.testing.assert_close(whole, exact, rtol=1e-5, atol=1e-5)
+
+
 def test_quantized_model_halves_linear_weights_and_stays_close() -> None:
     ref = load_model("tiny-llama", torch.float32, torch.device("cpu")).model
     fp8 = load_model("tiny-llama", torch.float32, torch.device("cpu")).model
@@ -94,10 +108,11 @@ def test_quantized_model_halves_linear_weights_and_stays_close() -> None:
     scales = sum(m.weight_scale.numel() for m in fp8.modules() if isinstance(m, Fp8Linear))
     assert ref.weight_bytes() - fp8.weight_bytes() == 3 * linear - 4 * scales
     assert fp8.weight_bytes(torch.bfloat16) == ref.weight_bytes(torch.bfloat16)
-    x = torch.randn(5, 64)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
     layer_ref, layer_fp8 = ref.layers[0].mlp, fp8.layers[0].mlp
     rel = (layer_fp8(x) - layer_ref(x)).norm() / layer_ref(x).norm()
-    assert rel < 0.05
+    # ~3 % per quantized linear; gate * up then down compounds three of them
+    assert rel < 0.1
 
 
 def _attention_case(kv_dtype: torch.dtype | None) -> torch.Tensor:
