@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Annotated, Any
 
@@ -10,7 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
-console = Console()
+# Without a terminal (CI logs, a server's log file) rich would wrap at 80 columns, folding
+# tables into unreadable cells; logs can be wide.
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 DEFAULT_PROMPTS = [
     "The capital of France is",

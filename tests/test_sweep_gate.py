@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 from bench_cli.app import app
 from bench_cli.gate import Limit, check
 from bench_cli.sweep import aggregate, grid, load_sweep, run_sweep, t975
+from engine.config import EngineConfig, engine_arg_names
+from loadgen.config import PROFILE_DIR, build_config, load_profile
 
 SWEEP = """
 name = "two"
@@ -273,3 +275,18 @@ def test_gate_ratios_inside_one_sweep(tmp_path: Path) -> None:
         assert rc == 2 and message in out, out
     rc, out = gate(str(sweep_dir))
     assert rc == 2 and "nothing to check" in out
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
+def test_every_shipped_profile_builds_valid_runs_and_engine_settings(name: str) -> None:
+    """A typo in a profile (a key, a value an engine would refuse) fails here, not an hour into
+    someone's sweep."""
+    profile = load_profile(name)
+    points = [{}]
+    if "sweep" in profile:
+        profile, axes = load_sweep(name)
+        points = [p.values for p in grid(axes)]
+    for values in points:
+        cfg = build_config({**profile, **values}, {}, engine_arg_names())
+        cfg.validate()
+        EngineConfig.from_kwargs(cfg.model or "smollm2-135m", **cfg.engine)
