@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -160,7 +161,9 @@ def steps_figure(steps: pd.DataFrame, t0: float) -> Figure:
     return fig
 
 
-def sweep_figures(table: pd.DataFrame, axes: list[str], load: str | None) -> list[Figure]:
+def sweep_figures(
+    table: pd.DataFrame, axes: list[str], load: str | None, setting_keys: Sequence[str] = ()
+) -> list[Figure]:
     settings = [a for a in axes if a != load]
     label = (
         table[settings].astype(str).agg(" ".join, axis=1)
@@ -213,7 +216,59 @@ def sweep_figures(table: pd.DataFrame, axes: list[str], load: str | None) -> lis
         fig.update_xaxes(title_text=load)
         fig.update_layout(title=f"Against {load}", height=450)
         figs.append(fig)
+    for key in setting_keys:
+        numeric = pd.to_numeric(table.get(key), errors="coerce")
+        if key != load and numeric.notna().any() and numeric.nunique() > 1:
+            figs.append(_latency_against(table.assign(_x=numeric), key, load))
     return figs
+
+
+def _latency_against(table: pd.DataFrame, key: str, load: str | None) -> Figure:
+    """p99 TTFT/ITL/TPOT against a numeric setting (chunk size, say), a line per load. Points
+    without a value for it (a bundle such as "no chunking") are dashed reference lines."""
+    panels = (("ttft_s.p99", "TTFT p99 (ms)"), ("itl_s.p99", "ITL p99 (ms)"))
+    panels += (("tpot_s.p99", "TPOT p99 (ms)"),)
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in panels])
+    groups = table.groupby(load, sort=False) if load else [("all", table)]
+    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
+    for i, (value, g) in enumerate(groups):
+        color, name = palette[i % len(palette)], f"{load}={value}" if load else "all"
+        line, refs = g[g["_x"].notna()].sort_values("_x"), g[g["_x"].isna()]
+        for col, (metric, _) in enumerate(panels, start=1):
+            if metric not in g:
+                continue
+            fig.add_trace(
+                go.Scatter(
+                    x=line["_x"],
+                    y=line[metric] * 1e3,
+                    mode="lines+markers",
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    line={"color": color},
+                ),
+                row=1,
+                col=col,
+            )
+            for _, ref in refs.iterrows():
+                fig.add_hline(
+                    y=ref[metric] * 1e3,
+                    line={"color": color, "dash": "dash"},
+                    annotation_text=str(ref.get("setting", "")),
+                    row=1,
+                    col=col,
+                )
+    ticks = sorted(table["_x"].dropna().unique())  # plotly's own log ticks read "5 100 2 5"
+    fig.update_xaxes(
+        title_text=key, type="log", tickvals=ticks, ticktext=[_number(t) for t in ticks]
+    )
+    fig.update_layout(title=f"Latency against {key} (dashed: points without one)", height=450)
+    return fig
+
+
+def _number(v: float) -> str:
+    """Whole numbers as such (a chunk size of 1024, not 1.02e+03), others to 3 figures."""
+    return f"{v:.0f}" if float(v).is_integer() and abs(v) < 1e9 else f"{v:.3g}"
 
 
 def _page(title: str, intro: str, figs: list[Figure], table_html: str, embed: bool) -> str:
@@ -225,8 +280,9 @@ def _page(title: str, intro: str, figs: list[Figure], table_html: str, embed: bo
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         "<style>body{font-family:sans-serif;margin:24px;max-width:1200px}"
         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-        "padding:3px 8px;text-align:right}</style></head><body>"
-        f"<h1>{html.escape(title)}</h1><p>{intro}</p>{table_html}{''.join(parts)}</body></html>"
+        "padding:3px 8px;text-align:right}.wide{overflow-x:auto}</style></head><body>"
+        f"<h1>{html.escape(title)}</h1><p>{intro}</p><div class='wide'>{table_html}</div>"
+        f"{''.join(parts)}</body></html>"
     )
 
 
@@ -254,7 +310,7 @@ def run_report(run: Path, embed: bool = True) -> Path:
         rows[f"{key} p50 / p99 (ms)"] = (
             f"{(summary[key]['p50'] or 0) * 1e3:.1f} / {(summary[key]['p99'] or 0) * 1e3:.1f}"
         )
-    table = pd.DataFrame([rows]).to_html(index=False, float_format=lambda v: f"{v:.3g}")
+    table = pd.DataFrame([rows]).to_html(index=False, float_format=_number, na_rep="-")
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in summary.get("warnings", []))
     target = summary.get("config", {}).get("target", {})
     intro = html.escape(
@@ -272,7 +328,10 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
     plan = json.loads((sweep / "sweep.json").read_text())
     axes = list(plan["axes"])
     load = next((a for a in axes if a in ("rate", "concurrency")), None)
-    figs = sweep_figures(table, axes, load)
+    from bench_cli.sweep import grid
+
+    setting_keys = list(dict.fromkeys(k for p in grid(plan["axes"]) for k in p.settings))
+    figs = sweep_figures(table, axes, load, setting_keys)
     keep = [c for c in table.columns if not c.endswith((".std", ".p50", ".p90", ".mean"))]
     out = sweep / "report.html"
     intro = html.escape(f"{len(table)} points over {', '.join(axes)}; {plan['repeat']} run(s) each")
@@ -281,7 +340,7 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
             f"servebench sweep {sweep.name}",
             intro,
             figs,
-            table[keep].to_html(index=False, float_format=lambda v: f"{v:.3g}"),
+            table[keep].to_html(index=False, float_format=_number, na_rep="-"),
             embed,
         )
     )

@@ -7,6 +7,12 @@ their product, in the table's order:
     batching = ["static", "continuous"]   # any engine setting or run key
     rate = [0.5, 1, 2]                    # the load axis: rate or concurrency
 
+An axis may also list inline tables, each a bundle of settings that go together (and an
+optional `label` naming it in tables and plots): points a product cannot express, such as
+chunk sizes next to no chunking at all:
+
+    prefill = [{max_num_batched_tokens = 256}, {label = "off", enable_chunked_prefill = false}]
+
 Each point (and each of its `--repeat` runs) writes an ordinary run folder; `sweep.csv` holds
 one row a point, rewritten after every point, so an interrupted sweep keeps what finished
 and `--resume DIR` skips it."""
@@ -53,7 +59,8 @@ T975 += (2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 @dataclass(frozen=True, slots=True)
 class SweepPoint:
     index: int
-    values: dict[str, Any]  # axis -> value
+    values: dict[str, Any]  # axis -> value (a bundle: its label)
+    settings: dict[str, Any]  # what the point's runs get: the values, bundles spread out
 
     @property
     def label(self) -> str:
@@ -74,15 +81,25 @@ def load_sweep(profile: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     for key, values in axes.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"profile {profile!r}: sweep.{key} must be a non-empty list")
+        if key in LOAD_AXES and any(isinstance(v, dict) for v in values):
+            raise ValueError(f"profile {profile!r}: sweep.{key} is the load axis: numbers only")
     return data, axes
 
 
 def grid(axes: dict[str, list[Any]]) -> list[SweepPoint]:
     keys = list(axes)
-    return [
-        SweepPoint(i, dict(zip(keys, combo, strict=True)))
-        for i, combo in enumerate(itertools.product(*(axes[k] for k in keys)))
-    ]
+    points = []
+    for i, combo in enumerate(itertools.product(*(axes[k] for k in keys))):
+        values, settings = {}, {}
+        for key, value in zip(keys, combo, strict=True):
+            if isinstance(value, dict):
+                bundle = {k: v for k, v in value.items() if k != "label"}
+                values[key] = value.get("label") or ",".join(f"{k}={v}" for k, v in bundle.items())
+                settings |= bundle
+            else:
+                values[key] = settings[key] = value
+        points.append(SweepPoint(i, values, settings))
+    return points
 
 
 def t975(df: int) -> float:
@@ -107,7 +124,9 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
 def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, Any]:
     """One sweep.csv row: the point's settings, then each metric's mean over its runs, with
     `.std` and `.ci95` (half-width of the 95 % confidence interval) when repeated."""
-    row: dict[str, Any] = {"point": point.index, **point.values, "runs": len(summaries)}
+    row: dict[str, Any] = {"point": point.index, **point.values}
+    row |= {k: v for k, v in point.settings.items() if k not in row}  # a bundle's settings
+    row["runs"] = len(summaries)
     runs = [metrics_of(s) for s in summaries]
     for key in dict.fromkeys(k for r in runs for k in r):  # every run's keys, in order
         values = np.array([r[key] for r in runs if r.get(key) is not None], dtype=np.float64)
@@ -189,7 +208,7 @@ def run_sweep(
 
 def _point_flags(flags: dict[str, Any], point: SweepPoint, out: Path) -> dict[str, Any]:
     given = {k: v for k, v in flags.items() if v is not None and k not in ("name", "out")}
-    return given | point.values | {"out": str(out), "name": point.dirname}
+    return given | point.settings | {"out": str(out), "name": point.dirname}
 
 
 def _finished(out: Path) -> dict[str, Any] | None:

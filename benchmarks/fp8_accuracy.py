@@ -7,13 +7,16 @@ baseline, and how many greedy tokens it generates identically to the baseline on
 
     python benchmarks/fp8_accuracy.py [--model smollm2-135m] [--dtype auto] [--scale-study]
 
---scale-study adds fp8-KV rows with other scale choices (one scale per layer; vLLM's default
-1.0 without checkpoint scales) to show why the engine calibrates one per head."""
+--scale-study adds fp8-KV rows with other scales: one per layer, vLLM's default 1.0 (no
+checkpoint scales), ours x1.41 (same range, other rounding), ours /16 (too small: clips).
+e4m3 is a float format, so a scale sets the range, not the resolution: rows that do not clip
+differ only by which values happen to round which way."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -36,17 +39,22 @@ CHUNK = 256
 GEN_TOKENS = 64
 
 
-def per_layer_scales(llm: LLM) -> None:
-    """One scale per layer: the largest of its heads' calibrated scales."""
-    for cache in llm.llm_engine.runner.kv_caches:
-        cache.k_scale = cache.k_scale.amax().expand_as(cache.k_scale).clone()
-        cache.v_scale = cache.v_scale.amax().expand_as(cache.v_scale).clone()
+def rescale(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[LLM], None]:
+    """Replace every layer's calibrated K and V scales with fn(scale)."""
+
+    def adjust(llm: LLM) -> None:
+        for cache in llm.llm_engine.runner.kv_caches:
+            cache.k_scale, cache.v_scale = fn(cache.k_scale), fn(cache.v_scale)
+
+    return adjust
 
 
-def unit_scales(llm: LLM) -> None:
-    for cache in llm.llm_engine.runner.kv_caches:
-        cache.k_scale = torch.ones_like(cache.k_scale)
-        cache.v_scale = torch.ones_like(cache.v_scale)
+SCALE_STUDY = [
+    ("fp8 KV, scale per layer", rescale(lambda s: s.amax().expand_as(s).clone())),
+    ("fp8 KV, scale 1.0", rescale(torch.ones_like)),
+    ("fp8 KV, ours x1.41", rescale(lambda s: s * 2**0.5)),
+    ("fp8 KV, ours /16 (clips)", rescale(lambda s: s / 16)),
+]
 
 
 def evaluate(llm: LLM, ids: list[int], prompts: list[str]) -> tuple[torch.Tensor, list[list[int]]]:
@@ -75,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    variants: list[tuple[str, dict, object]] = [
+    variants: list[tuple[str, dict, Callable[[LLM], None] | None]] = [
         ("baseline", {}, None),
         ("bf16 KV", {"kv_cache_dtype": "bfloat16"}, None),
         ("fp8 weights", {"quantization": "fp8"}, None),
@@ -83,10 +91,7 @@ def main() -> None:
         ("fp8 weights + KV", {"quantization": "fp8", "kv_cache_dtype": "fp8"}, None),
     ]
     if args.scale_study:
-        variants += [
-            ("fp8 KV, scale per layer", {"kv_cache_dtype": "fp8"}, per_layer_scales),
-            ("fp8 KV, scale 1.0", {"kv_cache_dtype": "fp8"}, unit_scales),
-        ]
+        variants += [(label, {"kv_cache_dtype": "fp8"}, fn) for label, fn in SCALE_STUDY]
 
     base_lp: torch.Tensor | None = None
     base_gen: list[list[int]] = []

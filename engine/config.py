@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+logger = logging.getLogger(__name__)
 
 Batching = Literal["continuous", "static"]
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8", "fp8_e4m3")
@@ -117,6 +120,15 @@ class EngineConfig:
         if s.max_num_batched_tokens is None:
             s.max_num_batched_tokens = (
                 2048 if s.enable_chunked_prefill else max(2048, self.max_model_len)
+            )
+        if not s.enable_chunked_prefill and s.max_num_batched_tokens < self.max_model_len:
+            # vLLM refuses this config; we allow it (a sweep may want it) but say what it does.
+            logger.warning(
+                "chunked prefill is off and max_num_batched_tokens=%d < max_model_len=%d: "
+                "prompts over %d tokens will be rejected",
+                s.max_num_batched_tokens,
+                self.max_model_len,
+                s.max_num_batched_tokens,
             )
         if c.num_kv_blocks is None:
             block_bytes = c.block_size * model_config.kv_bytes_per_token(kv_dtype_bytes)

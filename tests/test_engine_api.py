@@ -176,3 +176,16 @@ def test_prompt_logits_agree_with_greedy_and_across_chunk_sizes(llm: LLM) -> Non
     assert engine.stats()["kv_blocks_used"] == 0
     with pytest.raises(RuntimeError, match="free KV blocks"):
         engine.prompt_logits([5] * 700)  # 44 blocks > the 40 this engine has
+
+
+def test_chunking_off_below_the_context_warns_then_rejects_long_prompts(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="engine.config"):
+        llm = LLM(
+            "tiny-llama", dtype="float32", enable_chunked_prefill=False, max_num_batched_tokens=64
+        )
+    assert "prompts over 64 tokens will be rejected" in caplog.text
+    with pytest.raises(ValueError, match="more than max_num_batched_tokens=64"):
+        llm.generate([[5] * 65], greedy(2))
+    assert len(llm.generate([[5] * 64], greedy(2))[0].outputs[0].token_ids) == 2

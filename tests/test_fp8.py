@@ -223,3 +223,22 @@ def test_fp8_greedy_output_is_the_same_across_batching_and_chunking() -> None:
     baseline = tokens(max_num_seqs=8)
     for name, kwargs in SETTINGS.items():
         assert tokens(**kwargs) == baseline, name
+
+
+def test_cli_takes_fp8_flags_and_prints_memory() -> None:
+    from typer.testing import CliRunner
+
+    from bench_cli.app import app
+    from bench_cli.local_server import serve_flags
+
+    args = ["generate", "Hi", "--model", "tiny-smollm2", "--max-tokens", "3"]
+    result = CliRunner().invoke(app, [*args, "--quantization", "fp8", "--kv-cache-dtype", "fp8"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "fp8 linears" in text and "(fp8)" in text
+    assert serve_flags({"quantization": "fp8", "kv_cache_dtype": "fp8"}) == [
+        "--quantization",
+        "fp8",
+        "--kv-cache-dtype",
+        "fp8",
+    ]

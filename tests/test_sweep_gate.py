@@ -285,8 +285,48 @@ def test_every_shipped_profile_builds_valid_runs_and_engine_settings(name: str) 
     points = [{}]
     if "sweep" in profile:
         profile, axes = load_sweep(name)
-        points = [p.values for p in grid(axes)]
+        points = [p.settings for p in grid(axes)]
     for values in points:
         cfg = build_config({**profile, **values}, {}, engine_arg_names())
         cfg.validate()
         EngineConfig.from_kwargs(cfg.model or "smollm2-135m", **cfg.engine)
+
+
+def test_a_bundle_axis_spreads_its_settings_and_is_named_by_its_label(tmp_path: Path) -> None:
+    from bench_cli.report import sweep_report
+    from bench_cli.sweep import _point_flags
+
+    axes = {
+        "prefill": [
+            {"max_num_batched_tokens": 64},
+            {"max_num_batched_tokens": 256},
+            {"label": "off", "enable_chunked_prefill": False},
+        ],
+        "rate": [1, 2],
+    }
+    points = grid(axes)
+    assert [p.values for p in points][::2] == [
+        {"prefill": "max_num_batched_tokens=64", "rate": 1},
+        {"prefill": "max_num_batched_tokens=256", "rate": 1},
+        {"prefill": "off", "rate": 1},
+    ]
+    assert points[4].settings == {"enable_chunked_prefill": False, "rate": 1}
+    flags = _point_flags({"model": "m", "batching": None}, points[4], tmp_path)
+    assert flags["enable_chunked_prefill"] is False and "prefill" not in flags
+    assert "max_num_batched_tokens" not in flags
+    # the row keeps the label and the bundle's settings; the report plots latency against the
+    # numeric setting, with the bundle that has none as a reference line
+    rows = [aggregate(p, [_summary()]) for p in points]
+    assert (
+        rows[0]["prefill"] == "max_num_batched_tokens=64"
+        and rows[0]["max_num_batched_tokens"] == 64
+    )
+    assert rows[4]["enable_chunked_prefill"] is False
+    pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
+    (tmp_path / "sweep.json").write_text(json.dumps({"axes": axes, "repeat": 1}))
+    page = sweep_report(tmp_path, embed=False).read_text()
+    assert "Latency against max_num_batched_tokens" in page and "Against rate" in page
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[sweep]\nrate = [{label = "x"}]\n')
+    with pytest.raises(ValueError, match="load axis"):
+        load_sweep(str(bad))

@@ -133,7 +133,9 @@ class Fp8Linear(nn.Module):
         return cls(weight, scale, use_scaled_mm(weight.device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return fp8_linear(x, self.weight, self.weight_scale, self.scaled_mm)
+        # _scaled_mm's per-row scales take bf16 output only: a float32 model goes weight-only.
+        scaled_mm = self.scaled_mm and x.dtype == torch.bfloat16
+        return fp8_linear(x, self.weight, self.weight_scale, scaled_mm)
 
     def extra_repr(self) -> str:
         out_features, in_features = self.weight.shape
