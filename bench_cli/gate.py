@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loadgen.metrics import DISTRIBUTIONS, STATS
+
 # Summary metrics where more is better; the latency distributions and failure counts are the
 # other way round. Anything else cannot be gated.
 HIGHER_IS_BETTER = {
@@ -23,18 +25,6 @@ HIGHER_IS_BETTER = {
     "completed",
 }
 LOWER_IS_BETTER = {"failed", "cancelled", "duration_s"}
-DISTRIBUTIONS = {
-    "ttft_s",
-    "itl_s",
-    "itl_per_token_s",
-    "tpot_s",
-    "e2e_s",
-    "queue_s",
-    "ttft_with_queue_s",
-    "e2e_with_queue_s",
-    "schedule_lag_s",
-}
-STATS = {"mean", "p50", "p90", "p95", "p99", "max"}
 
 
 class GateInputError(ValueError):

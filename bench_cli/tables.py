@@ -7,16 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-LATENCIES = (
-    ("ttft_s", "TTFT"),
-    ("itl_s", "ITL"),
-    ("itl_per_token_s", "ITL per token"),
-    ("tpot_s", "TPOT"),
-    ("e2e_s", "E2E latency"),
-    ("queue_s", "Queue (cap wait)"),
-    ("ttft_with_queue_s", "TTFT incl. queue"),
-    ("schedule_lag_s", "Schedule lag"),
-)
+from loadgen.metrics import DISTRIBUTIONS, STATS
 
 
 def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
@@ -52,15 +43,14 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
 
     lat = Table(title="Latency (ms)", title_justify="left")
     lat.add_column("metric", no_wrap=True)
-    for col in ("mean", "p50", "p90", "p95", "p99", "max"):
+    for col in STATS:
         lat.add_column(col, justify="right", no_wrap=True)
     queued = bool((summary.get("queue_s") or {}).get("max"))
-    for key, label in LATENCIES:
+    for key, label in DISTRIBUTIONS.items():
         d = summary.get(key)
         if not d or not d.get("count") or ("queue" in key and not queued):
             continue
-        stats = ("mean", "p50", "p90", "p95", "p99", "max")
-        lat.add_row(label, *(_ms(d[s]) for s in stats))
+        lat.add_row(label, *(_ms(d[s]) for s in STATS))
     return [head, lat]
 
 

@@ -28,13 +28,8 @@ import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allo
 import aiohttp
 import torch
 
+from bench_cli.local_server import free_port
 from engine.engine import resolve_device, resolve_dtype
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def offline_runner(args: argparse.Namespace, prompts: list[list[int]]) -> Callable[[], float]:

@@ -31,13 +31,27 @@ DEFINITIONS = {
     "duration": "first scheduled send to the end of the last request",
 }
 PERCENTILES = (50, 90, 95, 99)
+STATS = ("mean", *(f"p{p}" for p in PERCENTILES), "max")  # of every distribution
+# Every latency distribution a summary can hold (itl_per_token_s only with multi-token
+# chunks), with the label tables print: the one list the CLI's tables, sweeps and gate read.
+DISTRIBUTIONS = {
+    "ttft_s": "TTFT",
+    "itl_s": "ITL",
+    "itl_per_token_s": "ITL per token",
+    "tpot_s": "TPOT",
+    "e2e_s": "E2E latency",
+    "queue_s": "Queue (cap wait)",
+    "ttft_with_queue_s": "TTFT incl. queue",
+    "e2e_with_queue_s": "E2E incl. queue",
+    "schedule_lag_s": "Schedule lag",
+}
 DEFAULT_MAX_P99_LAG_S = 0.010
 
 
 def distribution(values: Sequence[float]) -> dict[str, float | None]:
     """mean, p50, p90, p95, p99, max (linear interpolation, as numpy and vLLM) and count."""
     if len(values) == 0:
-        return {k: None for k in ("mean", *(f"p{p}" for p in PERCENTILES), "max")} | {"count": 0}
+        return dict.fromkeys(STATS) | {"count": 0}
     a = np.asarray(values, dtype=np.float64)
     pct = np.percentile(a, PERCENTILES)
     out: dict[str, Any] = {"mean": float(a.mean())}

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from loadgen.backends import OpenAIBackend
-from loadgen.metrics import SLO, distribution, summarize
+from loadgen.metrics import DISTRIBUTIONS, SLO, STATS, distribution, summarize
 from loadgen.records import RecordWriter, RequestRecord, read_records
 from loadgen.workload import RequestSpec
 
@@ -256,3 +256,12 @@ def test_stopping_records_every_request_made_even_those_never_started() -> None:
     assert len(seen) == 50 and len({r.request_id for r in seen}) == 50
     assert {r.status for r in seen} == {"cancelled"}
     assert runner.progress.failed == 50 and runner.progress.in_flight == 0
+
+
+def test_the_distribution_list_names_every_distribution_a_summary_holds() -> None:
+    r = rec(0, 0.0, [0.5, 0.6, 0.7], 6)
+    r.chunk_tokens = [2, 2, 2]  # multi-token chunks add itl_per_token_s
+    s = summarize([r], 1.0)
+    held = {k for k, v in s.items() if isinstance(v, dict) and "count" in v}
+    assert held == set(DISTRIBUTIONS)
+    assert all(set(s[k]) == {*STATS, "count"} for k in held)

@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import aiohttp
 import openai
 import pytest
 
+from bench_cli.local_server import free_port
 from engine import LLM, SamplingParams
 
 SMOL = "smollm2-135m"
@@ -70,12 +70,6 @@ class Server:
                 pass
             time.sleep(0.25)
         pytest.fail(f"the server was not healthy within {STARTUP_S} s:\n{self.log_tail()}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def bench_executable() -> str:
