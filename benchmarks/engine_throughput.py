@@ -4,6 +4,7 @@ batching) against Hugging Face transformers' batched `generate`, same model, dty
     python benchmarks/engine_throughput.py                       # 64 x (256 in, 128 out)
     python benchmarks/engine_throughput.py --num-prompts 32 --prompt-len 128 --output-len 64
     python benchmarks/engine_throughput.py --mixed-output        # output lengths 16..2*output_len
+    python benchmarks/engine_throughput.py --fp8 --skip static transformers  # + fp8 rows
 
 Every request is forced to its output length (ignore_eos / min_new_tokens): a run that stops
 at EOS early would overstate speed. With --mixed-output, output lengths vary per request,
@@ -53,12 +54,29 @@ def make_workload(args: argparse.Namespace) -> tuple[list[list[int]], list[int]]
     return prompts, lens
 
 
+FP8_VARIANTS = {
+    "fp8 weights": {"quantization": "fp8"},
+    "fp8 weights+KV": {"quantization": "fp8", "kv_cache_dtype": "fp8"},
+}
+
+
 def run_ours(
-    args: argparse.Namespace, batching: str, prompts: list[list[int]], lens: list[int]
+    args: argparse.Namespace,
+    batching: str,
+    prompts: list[list[int]],
+    lens: list[int],
+    label: str = "",
+    **engine_args: str,
 ) -> Result:
     from engine import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, batching=batching, max_num_seqs=args.max_num_seqs)
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        batching=batching,
+        max_num_seqs=args.max_num_seqs,
+        **engine_args,
+    )
     warm = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
     llm.generate(prompts[:2], warm)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in lens]
@@ -68,7 +86,8 @@ def run_ours(
     assert [len(o.outputs[0].token_ids) for o in outs] == lens
     stats = llm.llm_engine.stats()
     print(f"  ours/{batching}: {stats['num_steps']} steps, {stats['num_preemptions']} preemptions")
-    return Result(f"servebench {batching}", seconds, sum(lens), sum(map(len, prompts)))
+    name = f"servebench {batching}" + (f" {label}" if label else "")
+    return Result(name, seconds, sum(lens), sum(map(len, prompts)))
 
 
 def run_transformers(args: argparse.Namespace, prompts: list[list[int]], lens: list[int]) -> Result:
@@ -106,6 +125,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--mixed-output", action="store_true")
+    p.add_argument("--fp8", action="store_true", help="add continuous rows with fp8 weights/KV")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument(
@@ -134,14 +154,19 @@ def main() -> None:
         )
         print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
         results.append(r)
+    for label, engine_args in FP8_VARIANTS.items() if args.fp8 else ():
+        r = run_ours(args, "continuous", prompts, lens, label, **engine_args)
+        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
+        results.append(r)
+    w = max(len(r.name) for r in results) + 4
     print(
-        f"\n{'system':<24}{'seconds':>9}{'out tok/s':>11}{'total tok/s':>13}"
-        + "".join(f"{'/ ' + r.name:>26}" for r in results)
+        f"\n{'system':<40}{'seconds':>9}{'out tok/s':>11}{'total tok/s':>13}"
+        + "".join(f"{'/ ' + r.name:>{w}}" for r in results)
     )
     for r in results:
         total = (r.output_tokens + r.prompt_tokens) / r.seconds
-        ratios = "".join(f"{r.output_tps / o.output_tps:>26.2f}" for o in results)
-        print(f"{r.name:<24}{r.seconds:>9.1f}{r.output_tps:>11.1f}{total:>13.1f}{ratios}")
+        ratios = "".join(f"{r.output_tps / o.output_tps:>{w}.2f}" for o in results)
+        print(f"{r.name:<40}{r.seconds:>9.1f}{r.output_tps:>11.1f}{total:>13.1f}{ratios}")
 
 
 if __name__ == "__main__":
