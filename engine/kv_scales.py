@@ -71,6 +71,8 @@ def calibrate_kv_scales(
     """(k_scale, v_scale) per layer, each float32 [kv_heads, 1, 1]."""
     from engine.runner import ModelRunner  # the runner imports this module's users
 
+    token_ids = token_ids[: model_config.max_position_embeddings]
+    model.prepare(len(token_ids))  # an engine with a shorter max_model_len built a shorter table
     num_blocks = -(-len(token_ids) // block_size)
     runner = ModelRunner(model, model_config, num_blocks, block_size, seed=0)
     runner.prefill(token_ids, list(range(num_blocks)), chunk_size=len(token_ids))

@@ -242,3 +242,9 @@ def test_cli_takes_fp8_flags_and_prints_memory() -> None:
         "--kv-cache-dtype",
         "fp8",
     ]
+
+
+def test_fp8_kv_engine_with_a_context_shorter_than_the_calibration_text() -> None:
+    llm = LLM("tiny-llama", dtype="float32", kv_cache_dtype="fp8", max_model_len=64, seed=3)
+    out = llm.generate([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0.0))
+    assert len(out[0].outputs[0].token_ids) == 4

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.ops.fp8 import FP8, quantize, upcast
+from engine.ops.fp8 import quantize, upcast
 
 
 @dataclass(slots=True)
@@ -26,10 +26,6 @@ class KVCache:
     v: torch.Tensor
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
-
-    @property
-    def is_fp8(self) -> bool:
-        return self.k.dtype == FP8
 
 
 @dataclass(slots=True)
