@@ -123,7 +123,13 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)  # [T, hidden]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # [N, vocab], model dtype: the sampler upcasts what it needs
+        """[N, vocab] in the model dtype (the sampler upcasts what it needs)."""
+        w = self.lm_head.weight
+        if hidden.device.type == "cpu" and hidden.shape[0] <= 64:
+            # The same product as W @ h.T, transposed: CPU BLAS streams the 49k-row vocabulary
+            # matrix 1.45x (32 rows) to 2.2x (8 rows) faster this way (measured, float32).
+            return (w @ hidden.t()).t()
+        return self.lm_head(hidden)
 
     def quantize_fp8(self) -> None:
         """Linear weights of every layer to e4m3 with per-channel scales, in place. Embeddings,

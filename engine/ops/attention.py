@@ -62,7 +62,8 @@ def write_kv_cache(
 def _gather(
     cache: torch.Tensor, scale: torch.Tensor | None, block_tables: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """[B, nb] block tables -> keys or values [B, kv_heads, nb * block_size, head_dim] in `dtype`.
+    """[B, nb] block tables -> keys or values [kv_heads, B, nb * block_size, head_dim] in
+    `dtype`, contiguous (transpose(0, 1) for SDPA's batch-first layout).
 
     The cache is head-major so that each gathered head is one contiguous [tokens, head_dim]
     matrix: attention's matmuls run on it in place (measured ~1.6x faster SDPA than a
@@ -76,7 +77,20 @@ def _gather(
         gathered *= (scale[:, :, :, None] * factor).to(dtype)
     else:
         gathered = gathered.to(dtype)
-    return gathered.view(heads, b, nb * block_size, head_dim).transpose(0, 1)
+    return gathered.view(heads, b, nb * block_size, head_dim)
+
+
+def _decode_attention_math(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Softmax(q k^T) v for decodes as two batched matmuls over (KV head, sequence), the order
+    the gather leaves K and V in, so nothing is copied. q: [B, kv_heads, group, head_dim];
+    k, v: [kv_heads, B, S, head_dim]; mask: [B, 1, 1, S]. On CPU this beat SDPA, which wants
+    a batch-first K/V (a strided view: 0.7 ms a layer for 32 sequences of 150 tokens)."""
+    qh = q.transpose(0, 1)  # [kv_heads, B, group, head_dim], a view
+    scores = torch.matmul(qh, k.transpose(-1, -2)).mul_(scale)
+    scores.masked_fill_(~mask.view(1, -1, 1, mask.shape[-1]), float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v).transpose(0, 1)
 
 
 def paged_attention(
@@ -94,13 +108,17 @@ def paged_attention(
         qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
         k = _gather(cache.k, cache.k_scale, meta.decode_block_tables, q.dtype)
         v = _gather(cache.v, cache.v_scale, meta.decode_block_tables, q.dtype)
-        o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask, scale=scale)
+        if q.device.type == "cpu":
+            o = _decode_attention_math(qd, k, v, meta.decode_mask, scale)
+        else:
+            k, v = k.transpose(0, 1), v.transpose(0, 1)
+            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask, scale=scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)
     if nd < num_tokens:
         bp, qp = meta.prefill_gather.shape
         qpad = q[nd:][meta.prefill_gather].transpose(1, 2)  # [Bp, heads, Qp, head_dim]
-        k = _gather(cache.k, cache.k_scale, meta.prefill_block_tables, q.dtype)
-        v = _gather(cache.v, cache.v_scale, meta.prefill_block_tables, q.dtype)
+        k = _gather(cache.k, cache.k_scale, meta.prefill_block_tables, q.dtype).transpose(0, 1)
+        v = _gather(cache.v, cache.v_scale, meta.prefill_block_tables, q.dtype).transpose(0, 1)
         o = F.scaled_dot_product_attention(
             qpad,
             k,
