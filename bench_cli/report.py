@@ -216,11 +216,43 @@ def sweep_figures(
         fig.update_xaxes(title_text=load)
         fig.update_layout(title=f"Against {load}", height=450)
         figs.append(fig)
+    figs.append(_side_by_side(table, load))
     for key in setting_keys:
         numeric = pd.to_numeric(table.get(key), errors="coerce")
         if key != load and numeric.notna().any() and numeric.nunique() > 1:
             figs.append(_latency_against(table.assign(_x=numeric), key, load))
     return figs
+
+
+SIDE_BY_SIDE = (
+    ("output_throughput", "output tok/s", 1.0),
+    ("ttft_s.p99", "TTFT p99 (ms)", 1e3),
+    ("tpot_s.p99", "TPOT p99 (ms)", 1e3),
+    ("telemetry.mean_engine_running", "mean sequences running", 1.0),
+)
+
+
+def _side_by_side(table: pd.DataFrame, load: str | None) -> Figure:
+    """Bars: each setting's headline numbers next to each other (a bar group per load)."""
+    panels = [(k, t, f) for k, t, f in SIDE_BY_SIDE if k in table and table[k].notna().any()]
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t, _ in panels])
+    groups = table.groupby(load, sort=False) if load else [(None, table)]
+    for value, g in groups:
+        name = f"{load}={value}" if load else "all"
+        for col, (key, _, scale) in enumerate(panels, start=1):
+            fig.add_trace(
+                go.Bar(
+                    x=g["setting"],
+                    y=g[key] * scale,
+                    name=name,
+                    legendgroup=name,
+                    showlegend=load is not None and col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_layout(title="Settings side by side", barmode="group", height=400)
+    return fig
 
 
 def _latency_against(table: pd.DataFrame, key: str, load: str | None) -> Figure:

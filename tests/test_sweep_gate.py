@@ -326,6 +326,7 @@ def test_a_bundle_axis_spreads_its_settings_and_is_named_by_its_label(tmp_path: 
     (tmp_path / "sweep.json").write_text(json.dumps({"axes": axes, "repeat": 1}))
     page = sweep_report(tmp_path, embed=False).read_text()
     assert "Latency against max_num_batched_tokens" in page and "Against rate" in page
+    assert "Settings side by side" in page
     bad = tmp_path / "bad.toml"
     bad.write_text('[sweep]\nrate = [{label = "x"}]\n')
     with pytest.raises(ValueError, match="load axis"):
