@@ -59,7 +59,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
 
 def use_scaled_mm(device: torch.device) -> bool:
     """W8A8 through `torch._scaled_mm` where the tensor cores take fp8 (CUDA, sm89+). On CPU,
-    upcast-then-matmul is faster (benchmarks/fp8_matmul.py: 2.5-10x over _scaled_mm here)."""
+    upcast-then-matmul is faster (benchmarks/fp8_matmul.py: 3-35x over _scaled_mm here)."""
     if device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
@@ -87,7 +87,7 @@ def fp8_linear(
 
 
 # Rows of weight upcast at a time on CPU: ~1M elements (4 MB in float32) measured fastest on
-# 2 EPYC cores (512K: +20 %, 4M: +50 % at 32 tokens). Upcasting a whole 7B-sized weight at
+# 2 EPYC cores (512K: +10 %, 4M: +60 % time at 32 tokens). Upcasting a whole 7B-sized weight at
 # once made the call 8-10x slower than float32: 300 MB of fresh temporaries a call, each
 # page-faulted in; blocked, the buffers are reused while still in cache.
 _CPU_BLOCK_ELEMENTS = 2**20
