@@ -5,6 +5,7 @@ batching) against Hugging Face transformers' batched `generate`, same model, dty
     python benchmarks/engine_throughput.py --num-prompts 32 --prompt-len 128 --output-len 64
     python benchmarks/engine_throughput.py --mixed-output        # output lengths 16..2*output_len
     python benchmarks/engine_throughput.py --fp8 --skip static transformers  # + fp8 rows
+    python benchmarks/engine_throughput.py --mkl-row  # + a row without oneDNN-packed linears
 
 Every request is forced to its output length (ignore_eos / min_new_tokens): a run that stops
 at EOS early would overstate speed. With --mixed-output, output lengths vary per request,
@@ -126,6 +127,11 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--mixed-output", action="store_true")
     p.add_argument("--fp8", action="store_true", help="add continuous rows with fp8 weights/KV")
+    p.add_argument(
+        "--mkl-row",
+        action="store_true",
+        help="add a continuous row with MKL's plain linears instead of oneDNN-packed ones",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument(
@@ -156,6 +162,12 @@ def main() -> None:
         results.append(r)
     for label, engine_args in FP8_VARIANTS.items() if args.fp8 else ():
         r = run_ours(args, "continuous", prompts, lens, label, **engine_args)
+        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
+        results.append(r)
+    if args.mkl_row:
+        os.environ["SERVEBENCH_ONEDNN"] = "0"  # read when the engine loads its model
+        r = run_ours(args, "continuous", prompts, lens, "MKL linears")
+        del os.environ["SERVEBENCH_ONEDNN"]
         print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
         results.append(r)
     w = max(len(r.name) for r in results) + 4

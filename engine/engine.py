@@ -15,6 +15,7 @@ from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
+from engine.ops.cpu_linear import onednn_packing_enabled
 from engine.ops.fp8 import FP8
 from engine.request import FinishReason, Request, RequestOutput, SamplingParams
 from engine.runner import ModelRunner
@@ -26,21 +27,33 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 
 @functools.lru_cache(maxsize=2)
 def _load_shared(
-    model: str, dtype: torch.dtype, device: torch.device, seed: int, quantization: str | None
+    model: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    quantization: str | None,
+    pack: bool = False,
 ) -> LoadedModel:
     """Weights are read-only to the engine, so engines in one process share them: a benchmark
     or test that compares settings loads the model once."""
     loaded = load_model(model, dtype, device, seed)
     if quantization == "fp8":
         loaded.model.quantize_fp8()
+    if pack:  # fp8 is asked for to save memory: no packed copy of a tied LM head then
+        loaded.model.pack_for_cpu(tied_head=quantization != "fp8")
     return loaded
 
 
 @functools.lru_cache(maxsize=4)
 def _kv_scales(
-    model: str, dtype: torch.dtype, device: torch.device, seed: int, quantization: str | None
+    model: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int,
+    quantization: str | None,
+    pack: bool = False,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loaded = _load_shared(model, dtype, device, seed, quantization)
+    loaded = _load_shared(model, dtype, device, seed, quantization, pack)
     ids = calibration_token_ids(loaded.tokenizer, loaded.config.vocab_size)
     return calibrate_kv_scales(loaded.model, loaded.config, ids, block_size=16)
 
@@ -81,7 +94,14 @@ class LLMEngine:
         config.dtype = resolve_dtype(config.dtype, self.device)  # recorded as resolved
         dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
-        model_key = (config.model, dtype, self.device, config.seed, config.quantization)
+        model_key = (
+            config.model,
+            dtype,
+            self.device,
+            config.seed,
+            config.quantization,
+            onednn_packing_enabled(dtype, self.device),
+        )
         loaded = _load_shared(*model_key)
         cache = config.cache
         if cache.kv_cache_dtype == "auto":
