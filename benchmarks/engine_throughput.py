@@ -17,6 +17,7 @@ import argparse
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 # isort: off
 import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allocates)
@@ -35,6 +36,7 @@ class Result:
     seconds: float
     output_tokens: int
     prompt_tokens: int
+    token_ids: list[list[int]] | None = None  # each request's output, for comparisons
 
     @property
     def output_tps(self) -> float:
@@ -67,7 +69,7 @@ def run_ours(
     prompts: list[list[int]],
     lens: list[int],
     label: str = "",
-    **engine_args: str,
+    **engine_args: Any,
 ) -> Result:
     from engine import LLM, SamplingParams
 
@@ -88,7 +90,8 @@ def run_ours(
     stats = llm.llm_engine.stats()
     print(f"  ours/{batching}: {stats['num_steps']} steps, {stats['num_preemptions']} preemptions")
     name = f"servebench {batching}" + (f" {label}" if label else "")
-    return Result(name, seconds, sum(lens), sum(map(len, prompts)))
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    return Result(name, seconds, sum(lens), sum(map(len, prompts)), tokens)
 
 
 def run_transformers(args: argparse.Namespace, prompts: list[list[int]], lens: list[int]) -> Result:
