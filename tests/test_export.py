@@ -54,8 +54,9 @@ def test_transformers_reads_the_export_as_the_same_model(name: str, tmp_path: Pa
     torch.testing.assert_close(_plain_logits(str(out)), want, atol=1e-4, rtol=1e-4)
 
 
-def test_a_quantized_model_is_refused(tmp_path: Path) -> None:
-    loaded = load_model("tiny-llama", torch.float32, CPU)
-    loaded.model.quantize_fp8()
+@pytest.mark.parametrize("change", ["quantize_fp8", "pack_for_cpu"])
+def test_a_quantized_or_packed_model_is_refused(change: str, tmp_path: Path) -> None:
+    loaded = load_model("tiny-llama-untied", torch.float32, CPU)
+    getattr(loaded.model, change)()
     with pytest.raises(ValueError, match="before fp8"):
         export_hf_dir(loaded, tmp_path / "q")

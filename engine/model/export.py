@@ -15,12 +15,16 @@ import torch
 from safetensors.torch import save_file
 
 from engine.model.loader import LoadedModel
+from engine.ops.cpu_linear import PackedLinear
+from engine.ops.fp8 import Fp8Linear
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
 def hf_state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
     model, cfg = loaded.model, loaded.config
+    if any(isinstance(m, Fp8Linear | PackedLinear) for m in model.modules()):
+        raise ValueError("export a model as loaded: before fp8 quantization or CPU packing")
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     ffn = cfg.intermediate_size
     out = {
@@ -31,10 +35,6 @@ def hf_state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
         out["lm_head.weight"] = model.lm_head.weight
     for i, layer in enumerate(model.layers):
         attn, mlp, p = layer.self_attn, layer.mlp, f"model.layers.{i}."
-        if not isinstance(attn.qkv_proj, torch.nn.Linear) or not isinstance(
-            mlp.down_proj, torch.nn.Linear
-        ):
-            raise ValueError("export a model as loaded: before fp8 quantization or CPU packing")
         qkv, gate_up = attn.qkv_proj.weight, mlp.gate_up_proj.weight
         out |= {
             p + "self_attn.q_proj.weight": qkv[:q],
