@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,9 +56,7 @@ def setup_vllm_env(path: Path, torch_spec: str) -> None:
         for line in lines
         if line.startswith("Requires-Dist: ") and "extra ==" not in line
     ]
-    keep = [
-        r for r in reqs if r.split(";")[0].split("=")[0].split("<")[0].strip() not in NOT_FOR_TEXT
-    ]
+    keep = [r for r in reqs if re.match(r"[\w.-]+", r).group() not in NOT_FOR_TEXT]
     (path / "requirements.txt").write_text("\n".join(keep) + "\n")
     run(pip, "install", "-q", "-r", path / "requirements.txt")
     run(pip, "install", "-q", "--no-deps", wheel)
