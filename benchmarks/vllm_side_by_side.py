@@ -108,7 +108,9 @@ def vllm_env(args: argparse.Namespace) -> dict[str, str]:
     if args.vllm_binding == "all":
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{os.cpu_count() - 1}"
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    iomp = Path(args.vllm_python).resolve().parent.parent / "lib" / "libiomp5.so"
+    iomp = (
+        Path(args.vllm_python).absolute().parent.parent / "lib" / "libiomp5.so"
+    )  # not resolve(): a venv's python links out of it
     if iomp.is_file():  # vLLM's CPU guide preloads Intel's OpenMP
         env["LD_PRELOAD"] = str(iomp)
     return env
@@ -123,15 +125,19 @@ def run_vllm(
     spec_file.write_text(json.dumps(spec))
     cmd = [args.vllm_python, __file__, "--child", str(spec_file), str(out_file)]
     log = workdir / "vllm.log"
+    env = vllm_env(args)
     with log.open("w") as f:
-        proc = subprocess.run(cmd, env=vllm_env(args), stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
     if proc.returncode:
         tail = log.read_text().splitlines()[-15:]
         raise SystemExit(
             f"vLLM child failed ({proc.returncode}); last lines of {log}:\n" + "\n".join(tail)
         )
     out = json.loads(out_file.read_text())
-    print(f"  vLLM {out['version']} ({out['torch_threads']} torch threads): {out['seconds']:.1f} s")
+    preload = ", Intel OpenMP preloaded" if "LD_PRELOAD" in env else ""
+    print(
+        f"  vLLM {out['version']} ({out['torch_threads']} threads{preload}): {out['seconds']:.1f} s"
+    )
     name = f"vllm {out['version']}"
     result = Result(name, out["seconds"], sum(spec["lens"]), sum(map(len, spec["prompts"])))
     return result, out["token_ids"]
