@@ -365,3 +365,28 @@ def report(
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2) from None
     console.print(f"wrote {path}", highlight=False)
+
+
+@app.command("export-model")
+def export_model(
+    model: Annotated[str, typer.Argument(help="a model name, .gguf file or HF directory")],
+    out: Annotated[str, typer.Argument(help="the directory to write")],
+    dtype: Annotated[str, Opt(help="float32 | bfloat16")] = "float32",
+) -> None:
+    """Write a model as a Hugging Face directory (config, safetensors, tokenizer), so that vLLM
+    or SGLang can serve the same weights as the bundled engine and both can be benched."""
+    import torch
+
+    from engine.model.export import export_hf_dir
+    from engine.model.loader import ModelLoadError, load_model
+
+    if dtype not in ("float32", "bfloat16"):
+        console.print(f"[bold red]error:[/] dtype {dtype!r}: float32 or bfloat16", highlight=False)
+        raise typer.Exit(2)
+    try:
+        loaded = load_model(model, getattr(torch, dtype), torch.device("cpu"))
+    except ModelLoadError as e:
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2) from None
+    path = export_hf_dir(loaded, out)
+    console.print(f"wrote {path} ({loaded.config.num_layers} layers, {dtype})", highlight=False)

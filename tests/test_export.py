@@ -60,3 +60,18 @@ def test_a_quantized_or_packed_model_is_refused(change: str, tmp_path: Path) -> 
     getattr(loaded.model, change)()
     with pytest.raises(ValueError, match="before fp8"):
         export_hf_dir(loaded, tmp_path / "q")
+
+
+def test_bench_export_model(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from bench_cli.app import app
+
+    result = CliRunner().invoke(app, ["export-model", "tiny-smollm2", str(tmp_path / "m")])
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.output
+    back = load_model(str(tmp_path / "m"), torch.float32, CPU)
+    assert back.tokenizer is not None and back.config.vocab_size == 49152
+    missing = CliRunner().invoke(app, ["export-model", str(tmp_path / "nope"), str(tmp_path / "x")])
+    assert missing.exit_code == 2 and "nope" in missing.output
+    assert not (tmp_path / "x").exists()
