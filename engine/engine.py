@@ -7,7 +7,7 @@ import itertools
 import json
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import torch
 
@@ -25,35 +25,32 @@ from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 
 
+class ModelKey(NamedTuple):
+    """What makes two engines' weights the same: they share one loaded model."""
+
+    model: str
+    dtype: torch.dtype
+    device: torch.device
+    seed: int
+    quantization: str | None
+    pack: bool  # oneDNN-prepacked CPU linears
+
+
 @functools.lru_cache(maxsize=2)
-def _load_shared(
-    model: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    seed: int,
-    quantization: str | None,
-    pack: bool = False,
-) -> LoadedModel:
+def _load_shared(key: ModelKey) -> LoadedModel:
     """Weights are read-only to the engine, so engines in one process share them: a benchmark
     or test that compares settings loads the model once."""
-    loaded = load_model(model, dtype, device, seed)
-    if quantization == "fp8":
+    loaded = load_model(key.model, key.dtype, key.device, key.seed)
+    if key.quantization == "fp8":
         loaded.model.quantize_fp8()
-    if pack:  # fp8 is asked for to save memory: no packed copy of a tied LM head then
-        loaded.model.pack_for_cpu(tied_head=quantization != "fp8")
+    if key.pack:  # fp8 is asked for to save memory: no packed copy of a tied LM head then
+        loaded.model.pack_for_cpu(tied_head=key.quantization != "fp8")
     return loaded
 
 
 @functools.lru_cache(maxsize=4)
-def _kv_scales(
-    model: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    seed: int,
-    quantization: str | None,
-    pack: bool = False,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    loaded = _load_shared(model, dtype, device, seed, quantization, pack)
+def _kv_scales(key: ModelKey) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    loaded = _load_shared(key)
     ids = calibration_token_ids(loaded.tokenizer, loaded.config.vocab_size)
     return calibrate_kv_scales(loaded.model, loaded.config, ids, block_size=16)
 
@@ -94,7 +91,7 @@ class LLMEngine:
         config.dtype = resolve_dtype(config.dtype, self.device)  # recorded as resolved
         dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
-        model_key = (
+        model_key = ModelKey(
             config.model,
             dtype,
             self.device,
@@ -102,7 +99,7 @@ class LLMEngine:
             config.quantization,
             onednn_packing_enabled(dtype, self.device),
         )
-        loaded = _load_shared(*model_key)
+        loaded = _load_shared(model_key)
         cache = config.cache
         if cache.kv_cache_dtype == "auto":
             cache.kv_cache_dtype = config.dtype  # recorded as resolved
@@ -128,7 +125,7 @@ class LLMEngine:
             cache.block_size,
             config.seed,
             kv_dtype,
-            _kv_scales(*model_key) if kv_dtype == FP8 else None,
+            _kv_scales(model_key) if kv_dtype == FP8 else None,
         )
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)

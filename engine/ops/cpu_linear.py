@@ -34,7 +34,8 @@ def onednn_packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 class PackedLinear(nn.Module):
-    """A bias-free linear layer holding only its oneDNN-packed weight: no extra memory."""
+    """A bias-free linear layer holding only its oneDNN-packed weight: the plain one is freed
+    unless something else holds it (a tied embedding)."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
