@@ -196,6 +196,7 @@ def compare(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         dtype = getattr(torch, args.dtype)
+        max_model_len = args.prompt_len + args.output_len
         model_dir = export_hf_dir(
             load_model(args.model, dtype, torch.device("cpu")), workdir / "model"
         )
@@ -204,7 +205,7 @@ def compare(args: argparse.Namespace) -> None:
             "dtype": args.dtype,
             "max_num_seqs": args.max_num_seqs,
             "max_num_batched_tokens": args.max_num_batched_tokens,
-            "max_model_len": args.prompt_len + args.output_len,
+            "max_model_len": max_model_len,
             "prompts": prompts,
             "lens": lens,
         }
@@ -216,7 +217,7 @@ def compare(args: argparse.Namespace) -> None:
                 prompts,
                 lens,
                 max_num_batched_tokens=args.max_num_batched_tokens,
-                max_model_len=args.prompt_len + args.output_len,
+                max_model_len=max_model_len,
             )
             print(f"  {ours.name}: {ours.seconds:.1f} s")
             theirs, their_tokens = run_vllm(args, spec, workdir)
