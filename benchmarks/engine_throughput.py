@@ -6,6 +6,7 @@ batching) against Hugging Face transformers' batched `generate`, same model, dty
     python benchmarks/engine_throughput.py --mixed-output        # output lengths 16..2*output_len
     python benchmarks/engine_throughput.py --fp8 --skip static transformers  # + fp8 rows
     python benchmarks/engine_throughput.py --mkl-row  # + a row without oneDNN-packed linears
+    python benchmarks/engine_throughput.py --eager-row  # + a row without compiled attention
 
 Every request is forced to its output length (ignore_eos / min_new_tokens): a run that stops
 at EOS early would overstate speed. With --mixed-output, output lengths vary per request,
@@ -135,6 +136,11 @@ def main() -> None:
         action="store_true",
         help="add a continuous row with MKL's plain linears instead of oneDNN-packed ones",
     )
+    p.add_argument(
+        "--eager-row",
+        action="store_true",
+        help="add a continuous row with enforce_eager (no compiled decode attention)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument(
@@ -171,6 +177,10 @@ def main() -> None:
         os.environ["SERVEBENCH_ONEDNN"] = "0"  # read when the engine loads its model
         r = run_ours(args, "continuous", prompts, lens, "MKL linears")
         del os.environ["SERVEBENCH_ONEDNN"]
+        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
+        results.append(r)
+    if args.eager_row:
+        r = run_ours(args, "continuous", prompts, lens, "eager", enforce_eager=True)
         print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
         results.append(r)
     w = max(len(r.name) for r in results) + 4

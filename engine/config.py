@@ -66,6 +66,9 @@ class EngineConfig:
     quantization: Literal["fp8", "none"] | None = None  # fp8: e4m3 linears, per-channel scales
     seed: int = 0
     max_model_len: int | None = None  # default: the model's context length
+    # False: on CPU, decode attention is a torch.compile'd kernel reading K/V in place
+    # (engine/ops/cpu_decode_attention.py), compiled at start-up. True: eager PyTorch only.
+    enforce_eager: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

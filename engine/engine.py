@@ -126,6 +126,7 @@ class LLMEngine:
             config.seed,
             kv_dtype,
             _kv_scales(model_key) if kv_dtype == FP8 else None,
+            compile_decode=not config.enforce_eager,
         )
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)

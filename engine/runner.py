@@ -8,7 +8,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.ops import AttentionMetadata, KVCache
+from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
 from engine.ops.fp8 import FP8
 from engine.request import Request, SamplingParams
 from engine.sampler import sample
@@ -25,9 +25,11 @@ class ModelRunner:
         seed: int,
         kv_dtype: torch.dtype | None = None,
         kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        compile_decode: bool = False,
     ) -> None:
         """kv_dtype: the cache's storage dtype (default: the model's); fp8 needs `kv_scales`,
-        one (k_scale, v_scale) pair per layer (see engine/kv_scales.py)."""
+        one (k_scale, v_scale) pair per layer (see engine/kv_scales.py). compile_decode: use
+        the compiled CPU decode attention where it applies (not fp8 caches, not CUDA)."""
         self.model = model
         self.block_size = block_size
         p = model.embed_tokens.weight
@@ -49,6 +51,17 @@ class ModelRunner:
                 )
             )
         self.generator = torch.Generator().manual_seed(seed)
+        self.fused_decode = (
+            compile_decode
+            and self.device.type == "cpu"
+            and kv_dtype != FP8
+            and cpu_decode_attention.warm_up(
+                self.kv_caches[0].k,
+                model_config.num_heads // model_config.num_kv_heads,
+                self.dtype,
+                model_config.head_dim**-0.5,
+            )
+        )
 
     @torch.inference_mode()
     def execute(
@@ -139,6 +152,7 @@ class ModelRunner:
             num_decode_tokens=nd,
             decode_block_tables=t(tables[:nd, :d_blocks]),
             decode_mask=t(d_mask),
+            decode_fused=self.fused_decode and cpu_decode_attention.usable(nd, d_blocks),
             prefill_block_tables=t(tables[nd:, :p_blocks]),
             prefill_gather=t(gather),
             prefill_scatter=t(scatter),

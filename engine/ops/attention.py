@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.ops.cpu_decode_attention import fused_decode_attention
 from engine.ops.fp8 import quantize, upcast
 
 
@@ -36,6 +37,7 @@ class AttentionMetadata:
     num_decode_tokens: int
     decode_block_tables: torch.Tensor  # [Bd, nb] int64
     decode_mask: torch.Tensor  # [Bd, 1, 1, nb * block_size] bool: key j is in the context
+    decode_fused: bool  # decodes take the compiled CPU kernel (cpu_decode_attention.py)
     prefill_block_tables: torch.Tensor  # [Bp, nb] int64
     prefill_gather: torch.Tensor  # [Bp, Qp] index of each padded query among prefill tokens
     prefill_scatter: torch.Tensor  # [Tp] index of each prefill token in the flat [Bp * Qp]
@@ -93,6 +95,17 @@ def _decode_attention_math(
     return torch.matmul(scores.softmax(dim=-1), v).transpose(0, 1)
 
 
+def _eager_decode(
+    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    k = _gather(cache.k, cache.k_scale, meta.decode_block_tables, q.dtype)
+    v = _gather(cache.v, cache.v_scale, meta.decode_block_tables, q.dtype)
+    if q.device.type == "cpu":
+        return _decode_attention_math(q, k, v, meta.decode_mask, scale)
+    k, v = k.transpose(0, 1), v.transpose(0, 1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=meta.decode_mask, scale=scale)
+
+
 def paged_attention(
     q: torch.Tensor,  # [T, heads, head_dim]
     cache: KVCache,
@@ -106,13 +119,11 @@ def paged_attention(
     if nd:
         # Fold the query heads that share a KV head into the query axis: no K/V repeat.
         qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        k = _gather(cache.k, cache.k_scale, meta.decode_block_tables, q.dtype)
-        v = _gather(cache.v, cache.v_scale, meta.decode_block_tables, q.dtype)
-        if q.device.type == "cpu":
-            o = _decode_attention_math(qd, k, v, meta.decode_mask, scale)
+        if meta.decode_fused:
+            mask = meta.decode_mask.view(nd, -1)
+            o = fused_decode_attention(qd, cache.k, cache.v, meta.decode_block_tables, mask, scale)
         else:
-            k, v = k.transpose(0, 1), v.transpose(0, 1)
-            o = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask, scale=scale)
+            o = _eager_decode(qd, cache, meta, scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)
     if nd < num_tokens:
         bp, qp = meta.prefill_gather.shape

@@ -1,0 +1,112 @@
+"""Decode attention for CPU as one torch.compile'd kernel that reads K/V in the paged cache.
+
+The eager path (`attention._gather`) copies every decode's blocks into a contiguous
+[kv_heads, B, S, head_dim] tensor before two batched matmuls: at 64 sequences of ~320 tokens
+that copy is ~38 MB written and read again per layer, and the step is bound by it. Written
+as elementwise products and sums over an indexed view of the cache, inductor emits loops that
+index the block table inside the reduction, so nothing is materialized.
+
+Shapes are compiled once per (model, block size, dtype) with the batch, the blocks per
+sequence and the pool size dynamic. Dynamo specializes sizes 0 and 1, so batches of one
+sequence or one block stay eager (they are cheap) instead of compiling another graph.
+`warm_up` compiles at engine start so a run's first decode does not pay for it; if this
+machine cannot compile (no C++ compiler), it says so once and the engine stays eager."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def _decode_attention(
+    q: torch.Tensor,  # [B, kv_heads, group, head_dim]
+    k_cache: torch.Tensor,  # [kv_heads, num_blocks, block_size, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [B, nb]
+    mask: torch.Tensor,  # [B, nb * block_size] bool: key j is in the context
+    scale: float,
+) -> torch.Tensor:  # [B, kv_heads, group, head_dim]
+    """Indexed by whole blocks, so the generated loops read a block-table entry once per
+    block, not per key; softmax is normalized after the weighted sum, not per key. Both
+    were measured: 4.8 -> 3.0 ms per layer at 64 sequences of 320 tokens."""
+    heads = k_cache.shape[0]
+    b, nb = block_tables.shape
+    head = torch.arange(heads, device=q.device)[:, None, None]
+    k = k_cache[head, block_tables[None]].to(q.dtype)  # [kv_heads, B, nb, bs, hd], never stored
+    v = v_cache[head, block_tables[None]].to(q.dtype)
+    qh = q.transpose(0, 1)[:, :, :, None, None, :]  # [kv_heads, B, group, 1, 1, head_dim]
+    scores = (qh * k[:, :, None]).sum(-1) * scale  # [kv_heads, B, group, nb, bs]
+    scores = scores.view(heads, b, -1, mask.shape[1])
+    scores = scores.masked_fill(~mask[None, :, None, :], float("-inf"))
+    weights = (scores - scores.amax(-1, keepdim=True)).exp()
+    out = (weights.view(heads, b, -1, nb, k.shape[3], 1) * v[:, :, None]).sum((-3, -2))
+    return (out / weights.sum(-1, keepdim=True)).transpose(0, 1)
+
+
+_state = {"enabled": True}
+_compiled_shapes: set[tuple] = set()
+MAX_SHAPES = 6  # dynamo compiles one function at most 8 ways, then runs it eagerly
+
+
+@functools.cache
+def _compiled() -> Callable[..., torch.Tensor]:
+    return torch.compile(_decode_attention, dynamic=False)  # dynamic dims: marked per call
+
+
+def fused_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    for t, dim in ((q, 0), (block_tables, 0), (block_tables, 1), (mask, 0), (mask, 1)):
+        torch._dynamo.maybe_mark_dynamic(t, dim)
+    torch._dynamo.maybe_mark_dynamic(k_cache, 1)
+    torch._dynamo.maybe_mark_dynamic(v_cache, 1)
+    return _compiled()(q, k_cache, v_cache, block_tables, mask, scale)
+
+
+def usable(batch: int, blocks: int) -> bool:
+    """Whether a decode batch of this shape takes the compiled kernel (see module doc)."""
+    return _state["enabled"] and batch >= 2 and blocks >= 2
+
+
+def warm_up(k_cache: torch.Tensor, group: int, dtype: torch.dtype, scale: float) -> bool:
+    """Compile for this cache's shape now, on a 2-sequence, 2-block batch, and check it
+    against the eager formula. False (and eager from then on) if compiling fails.
+
+    Dynamo guards on grad mode and on whether a tensor was made under inference mode, so
+    the warm-up call mirrors a step: the cache made outside, the rest inside."""
+    if not _state["enabled"]:
+        return False
+    heads, num_blocks, block_size, head_dim = k_cache.shape
+    shape = (heads, group, block_size, head_dim, k_cache.dtype, dtype, k_cache.device)
+    if num_blocks < 4 or (shape not in _compiled_shapes and len(_compiled_shapes) >= MAX_SHAPES):
+        return False
+    dev = k_cache.device
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(heads, 4, block_size, head_dim, generator=gen).to(dev, k_cache.dtype)
+    v = torch.randn(heads, 4, block_size, head_dim, generator=gen).to(dev, k_cache.dtype)
+    with torch.inference_mode():
+        q = torch.randn(2, heads, group, head_dim, generator=gen).to(dev, dtype)
+        tables = torch.tensor([[0, 2], [3, 1]], device=dev)
+        lens = torch.tensor([[block_size + 1], [2 * block_size]], device=dev)
+        mask = torch.arange(2 * block_size, device=dev)[None] < lens
+        try:
+            got = fused_decode_attention(q, k, v, tables, mask, scale)
+        except Exception as e:  # inductor needs a working C++ toolchain
+            logger.warning("compiled decode attention unavailable, staying eager: %s", e)
+            _state["enabled"] = False
+            return False
+        want = _decode_attention(q, k, v, tables, mask, scale)
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+        raise RuntimeError("compiled decode attention disagrees with its eager formula")
+    _compiled_shapes.add(shape)
+    return True

@@ -1,0 +1,91 @@
+"""The compiled CPU decode attention computes what the eager gather-then-matmul path does,
+and the engine uses it by default and falls back to eager when it cannot compile."""
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention, paged_attention
+
+
+def decode_case(
+    batch: int, max_len: int, cache_dtype: torch.dtype, seed: int = 0
+) -> tuple[torch.Tensor, KVCache, AttentionMetadata]:
+    """A decode batch over a shuffled pool: every sequence's blocks are scattered."""
+    gen = torch.Generator().manual_seed(seed)
+    kv_heads, group, bs, head_dim = 3, 3, 16, 64
+    nb = -(-max_len // bs)
+    lens = torch.randint(bs + 1, max_len + 1, (batch,), generator=gen)
+    lens[0] = max_len
+    pool = batch * nb + 5
+    k = torch.randn(kv_heads, pool, bs, head_dim, generator=gen).to(cache_dtype)
+    v = torch.randn(kv_heads, pool, bs, head_dim, generator=gen).to(cache_dtype)
+    tables = torch.randperm(pool, generator=gen)[: batch * nb].view(batch, nb)
+    mask = (torch.arange(nb * bs)[None, :] < lens[:, None])[:, None, None, :]
+    q = torch.randn(batch, kv_heads * group, head_dim, generator=gen)
+    empty = torch.zeros(0, dtype=torch.int64)
+    meta = AttentionMetadata(
+        slot_mapping=empty,
+        num_decode_tokens=batch,
+        decode_block_tables=tables,
+        decode_mask=mask,
+        decode_fused=False,
+        prefill_block_tables=empty.view(0, 0),
+        prefill_gather=empty.view(0, 0),
+        prefill_scatter=empty,
+        prefill_mask=None,
+    )
+    return q, KVCache(k, v), meta
+
+
+@pytest.mark.parametrize(
+    ("batch", "max_len", "cache_dtype"),
+    [
+        (2, 17, torch.float32),
+        (5, 100, torch.float32),
+        (33, 300, torch.float32),
+        (7, 64, torch.bfloat16),
+    ],
+)
+def test_compiled_decode_attention_matches_the_eager_path(
+    batch: int, max_len: int, cache_dtype: torch.dtype
+) -> None:
+    q, cache, meta = decode_case(batch, max_len, cache_dtype)
+    assert cpu_decode_attention.warm_up(cache.k, 3, torch.float32, 64**-0.5)
+    with torch.inference_mode():
+        want = paged_attention(q, cache, meta, 64**-0.5)
+        meta.decode_fused = True
+        got = paged_attention(q, cache, meta, 64**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Keys past a sequence's length do not count: garbage there changes nothing.
+    cache.k[:, meta.decode_block_tables[1:, -1]] = 1e4
+    with torch.inference_mode():
+        again = paged_attention(q, cache, meta, 64**-0.5)
+    short = meta.decode_mask[:, 0, 0, -16:].any(-1).logical_not()
+    short[0] = True  # sequence 0's last block is full and was not touched
+    torch.testing.assert_close(again[short], got[short], rtol=1e-5, atol=1e-5)
+
+
+def test_engine_compiles_decode_attention_by_default_with_the_same_greedy_tokens() -> None:
+    prompts = [[(7 * i + j) % 200 + 3 for j in range(5 + 9 * i)] for i in range(6)]
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    outputs = {}
+    for eager in (False, True):
+        llm = LLM("tiny-llama", enforce_eager=eager, max_num_seqs=6, seed=3)
+        assert llm.llm_engine.runner.fused_decode is not eager
+        outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert outputs[False] == outputs[True]
+
+
+def test_a_machine_that_cannot_compile_stays_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> object:
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(cpu_decode_attention, "_compiled", broken)
+    monkeypatch.setitem(cpu_decode_attention._state, "enabled", True)
+    monkeypatch.setattr(cpu_decode_attention, "_compiled_shapes", set())
+    llm = LLM("tiny-llama", max_num_seqs=4)
+    assert not llm.llm_engine.runner.fused_decode
+    assert not cpu_decode_attention.usable(4, 4)
+    out = llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=20, ignore_eos=True))
+    assert [len(o.outputs[0].token_ids) for o in out] == [20] * 3
