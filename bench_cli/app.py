@@ -42,10 +42,14 @@ KVMemory = Annotated[float | None, typer.Option(help="KV-cache memory budget in 
 MaxModelLen = Annotated[int | None, typer.Option(help="longest prompt + output")]
 Quantization = Annotated[str | None, typer.Option(help="fp8: e4m3 linear weights")]
 KVDtype = Annotated[str, typer.Option(help="auto | bfloat16 | float32 | fp8 (e4m3, scaled)")]
+EnforceEager = Annotated[
+    bool, typer.Option(help="eager PyTorch only: no compiled CPU decode attention")
+]
 
 
-def memory_line(engine: Any) -> str:
-    """Weights and KV cache as held, for the start-up line: what fp8 saves is visible there."""
+def engine_line(engine: Any) -> str:
+    """Weights, KV cache and attention path as set up, for the start-up line: what fp8 saves
+    and whether the compiled decode attention is on are visible there."""
     c = engine.config
     kv_gib = engine.stats()["kv_block_bytes"] * engine.kv.num_blocks / 2**30
     held = "fp8 linears" if c.quantization else c.dtype
@@ -53,7 +57,7 @@ def memory_line(engine: Any) -> str:
         f"weights {engine.weight_bytes / 2**20:.0f} MiB ({held}; "
         f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
         f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
-        f"({c.cache.kv_cache_dtype})"
+        f"({c.cache.kv_cache_dtype}) · decode attention {engine.decode_attention}"
     )
 
 
@@ -87,6 +91,7 @@ def generate(
     max_model_len: MaxModelLen = None,
     quantization: Quantization = None,
     kv_cache_dtype: KVDtype = "auto",
+    enforce_eager: EnforceEager = False,
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -127,7 +132,7 @@ def generate(
         f"load {load_s:.1f} s · generate {gen_s:.2f} s · {n_out / gen_s:.1f} output tok/s · "
         f"{stats['num_steps']} steps · {stats['num_preemptions']} preemptions"
     )
-    console.print(memory_line(llm.llm_engine))
+    console.print(engine_line(llm.llm_engine))
     console.print(
         f"KV cache: peak {stats['kv_peak_blocks_used']}/{stats['kv_blocks_total']} blocks of "
         f"{stats['kv_block_size']} tokens = {paged:.1f} MiB paged, vs {contiguous:.1f} MiB if each "
@@ -161,6 +166,7 @@ def serve(
     max_model_len: MaxModelLen = None,
     quantization: Quantization = None,
     kv_cache_dtype: KVDtype = "auto",
+    enforce_eager: EnforceEager = False,
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -178,7 +184,7 @@ def serve(
     engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
     engine.log_steps(step_log)
     app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue)
-    console.print(f"serving {model} on http://{host}:{port}/v1 · {memory_line(engine)}")
+    console.print(f"serving {model} on http://{host}:{port}/v1 · {engine_line(engine)}")
     # handler_cancellation: a client that leaves a non-streamed request aborts it too.
     web.run_app(
         app, host=host, port=port, print=None, shutdown_timeout=10, handler_cancellation=True
@@ -256,6 +262,9 @@ def run(
     quantization: Annotated[str | None, Opt(help="engine: fp8 (e4m3 linear weights)")] = None,
     kv_cache_dtype: Annotated[
         str | None, Opt(help="engine: auto | bfloat16 | float32 | fp8")
+    ] = None,
+    enforce_eager: Annotated[
+        bool | None, Opt(help="engine: no compiled CPU decode attention")
     ] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible

@@ -80,7 +80,10 @@ def run_one(
                 cfg.model, cfg.endpoint, cfg.ignore_eos, **cfg.engine
             )
             config["target"] = {"kind": "bundled-in-process"}
-            config["engine"] = backend.engine.engine.config.to_dict()
+            engine = backend.engine.engine
+            config["engine"] = engine.config.to_dict() | {
+                "decode_attention": engine.decode_attention
+            }
             backend.engine.engine.log_steps(out_dir / "steps.jsonl")
         else:
             server = LocalServer(

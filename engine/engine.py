@@ -141,6 +141,12 @@ class LLMEngine:
 
     # ---- requests ----------------------------------------------------------------------
 
+    @property
+    def decode_attention(self) -> str:
+        """What `enforce_eager` resolved to here: 'compiled' (ops/cpu_decode_attention.py)
+        or 'eager' (asked for, CUDA, an fp8 cache, or no C++ compiler)."""
+        return "compiled" if self.runner.fused_decode else "eager"
+
     def add_request(
         self,
         request_id: str,

@@ -310,6 +310,7 @@ async def engine_config(request: web.Request) -> web.Response:
                 "weight_bytes_bf16": engine.weight_bytes_bf16,
                 "kv_cache_bytes": engine.stats()["kv_block_bytes"] * engine.kv.num_blocks,
             },
+            "decode_attention": engine.decode_attention,
         }
     )
 
