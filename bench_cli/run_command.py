@@ -84,7 +84,7 @@ def run_one(
             config["engine"] = engine.config.to_dict() | {
                 "decode_attention": engine.decode_attention
             }
-            backend.engine.engine.log_steps(out_dir / "steps.jsonl")
+            engine.log_steps(out_dir / "steps.jsonl")
         else:
             server = LocalServer(
                 cfg.model, cfg.engine, out_dir / "server.log", out_dir / "steps.jsonl"

@@ -158,31 +158,27 @@ def main() -> None:
         f"{args.model} {args.dtype}, max_num_seqs={args.max_num_seqs}, "
         f"torch {torch.__version__} with {torch.get_num_threads()} threads"
     )
-    results = []
+    results: list[Result] = []
+
+    def record(r: Result) -> None:
+        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
+        results.append(r)
+
     for name in ("continuous", "static", "transformers"):
-        if name in args.skip:
-            continue
-        r = (
-            run_transformers(args, prompts, lens)
-            if name == "transformers"
-            else run_ours(args, name, prompts, lens)
-        )
-        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
-        results.append(r)
+        if name not in args.skip:
+            record(
+                run_transformers(args, prompts, lens)
+                if name == "transformers"
+                else run_ours(args, name, prompts, lens)
+            )
     for label, engine_args in FP8_VARIANTS.items() if args.fp8 else ():
-        r = run_ours(args, "continuous", prompts, lens, label, **engine_args)
-        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
-        results.append(r)
+        record(run_ours(args, "continuous", prompts, lens, label, **engine_args))
     if args.mkl_row:
         os.environ["SERVEBENCH_ONEDNN"] = "0"  # read when the engine loads its model
-        r = run_ours(args, "continuous", prompts, lens, "MKL linears")
+        record(run_ours(args, "continuous", prompts, lens, "MKL linears"))
         del os.environ["SERVEBENCH_ONEDNN"]
-        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
-        results.append(r)
     if args.eager_row:
-        r = run_ours(args, "continuous", prompts, lens, "eager", enforce_eager=True)
-        print(f"  {r.name}: {r.seconds:.1f} s, {r.output_tps:.1f} output tok/s")
-        results.append(r)
+        record(run_ours(args, "continuous", prompts, lens, "eager", enforce_eager=True))
     w = max(len(r.name) for r in results) + 4
     print(
         f"\n{'system':<40}{'seconds':>9}{'out tok/s':>11}{'total tok/s':>13}"

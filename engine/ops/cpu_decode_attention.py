@@ -70,10 +70,9 @@ def fused_decode_attention(
     mask: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    for t, dim in ((q, 0), (block_tables, 0), (block_tables, 1), (mask, 0), (mask, 1)):
+    dynamic = ((q, 0), (block_tables, 0), (block_tables, 1), (mask, 0), (mask, 1))
+    for t, dim in (*dynamic, (k_cache, 1), (v_cache, 1)):  # batch, blocks, pool size
         torch._dynamo.maybe_mark_dynamic(t, dim)
-    torch._dynamo.maybe_mark_dynamic(k_cache, 1)
-    torch._dynamo.maybe_mark_dynamic(v_cache, 1)
     return _compiled()(q, k_cache, v_cache, block_tables, mask, scale)
 
 
