@@ -173,10 +173,10 @@ def serve(
 
     from aiohttp import web
 
-    from engine.async_engine import AsyncLLMEngine
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
-    from engine.server import build_app
+    from engine.serving.async_engine import AsyncLLMEngine
+    from engine.serving.server import build_app
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -6,8 +6,8 @@ from engine.cpu_alloc import keep_freed_memory_in_heap
 keep_freed_memory_in_heap()  # before torch is imported below: see cpu_alloc.py
 # isort: on
 from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from engine.core.request import CompletionOutput, RequestOutput, SamplingParams  # noqa: E402
 from engine.engine import LLM, LLMEngine  # noqa: E402
-from engine.request import CompletionOutput, RequestOutput, SamplingParams  # noqa: E402
 
 __all__ = [
     "LLM",

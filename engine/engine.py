@@ -12,15 +12,15 @@ from typing import Any, NamedTuple, TextIO
 import torch
 
 from engine.config import EngineConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.kv_scales import calibrate_kv_scales, calibration_token_ids
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
+from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.ops.cpu_linear import onednn_packing_enabled
 from engine.ops.fp8 import FP8
-from engine.request import FinishReason, Request, RequestOutput, SamplingParams
 from engine.runner import ModelRunner
-from engine.scheduler import Scheduler
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 

@@ -7,12 +7,12 @@ import numpy as np
 import torch
 
 from engine.config import ModelConfig
+from engine.core.request import Request, SamplingParams
+from engine.core.scheduler import SchedulerOutput
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
 from engine.ops.fp8 import FP8
-from engine.request import Request, SamplingParams
 from engine.sampler import sample
-from engine.scheduler import SchedulerOutput
 
 
 class ModelRunner:
@@ -28,7 +28,7 @@ class ModelRunner:
         compile_decode: bool = False,
     ) -> None:
         """kv_dtype: the cache's storage dtype (default: the model's); fp8 needs `kv_scales`,
-        one (k_scale, v_scale) pair per layer (see engine/kv_scales.py). compile_decode: use
+        one (k_scale, v_scale) pair per layer (see engine/model/kv_scales.py). compile_decode: use
         the compiled CPU decode attention where it applies (not fp8 caches, not CUDA)."""
         self.model = model
         self.block_size = block_size

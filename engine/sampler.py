@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.request import Request
+from engine.core.request import Request
 
 
 def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> list[int]:

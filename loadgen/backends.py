@@ -248,9 +248,9 @@ class InProcessBackend:
     def from_engine_args(
         cls, model: str, endpoint: str = "completions", ignore_eos: bool = True, **engine_args: Any
     ) -> InProcessBackend:
-        from engine.async_engine import AsyncLLMEngine
         from engine.config import EngineConfig
         from engine.engine import LLMEngine
+        from engine.serving.async_engine import AsyncLLMEngine
 
         engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args))
         backend = cls(AsyncLLMEngine(engine), endpoint, ignore_eos)
@@ -266,7 +266,7 @@ class InProcessBackend:
             await self.engine.stop()
 
     async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
-        from engine.request import SamplingParams
+        from engine.core.request import SamplingParams
 
         prompt = spec.prompt
         tokenizer = self.engine.engine.tokenizer

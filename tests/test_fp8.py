@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.core.request import Request
 from engine.engine import LLMEngine
 from engine.model.loader import load_model
 from engine.ops import KVCache, paged_attention, write_kv_cache
@@ -21,7 +22,6 @@ from engine.ops.fp8 import (
     quantize_per_channel,
     upcast,
 )
-from engine.request import Request
 from engine.runner import ModelRunner
 
 # e4m3: 3 mantissa bits, so rounding to nearest is within 2**-4 of a normal value; below the

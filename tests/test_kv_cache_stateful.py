@@ -20,9 +20,9 @@ from hypothesis.stateful import (
 )
 
 from engine.config import SchedulerConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import FinishReason, Request, RequestStatus, SamplingParams
-from engine.scheduler import Scheduler
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import FinishReason, Request, RequestStatus, SamplingParams
+from engine.core.scheduler import Scheduler
 
 FAKE_TOKEN = 7
 # Every step advances the oldest running request by at least one token and it is never

@@ -11,11 +11,11 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.async_engine import AsyncLLMEngine
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
-from engine.openai_protocol import APIError, parse_common, parse_completion, parse_messages
-from engine.server import build_app
+from engine.serving.async_engine import AsyncLLMEngine
+from engine.serving.protocol import APIError, parse_common, parse_completion, parse_messages
+from engine.serving.server import build_app
 
 json_values = st.recursive(
     st.none()

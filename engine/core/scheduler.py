@@ -12,8 +12,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import FinishReason, Request, RequestStatus
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import FinishReason, Request, RequestStatus
 
 
 @dataclass(slots=True)

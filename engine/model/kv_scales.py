@@ -12,8 +12,8 @@ import torch
 
 from engine.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.tokenizer import Tokenizer
 from engine.ops.fp8 import FP8_MAX
-from engine.tokenizer import Tokenizer
 
 # Room for K/V larger than the calibration text's: e4m3 keeps ~2 significant bits per
 # value at any magnitude above 2**-6 * scale, so headroom costs nothing but range at the

@@ -3,7 +3,7 @@ returned the moment a request finishes, is preempted or aborted."""
 
 from __future__ import annotations
 
-from engine.block_pool import BlockPool
+from engine.core.block_pool import BlockPool
 
 
 def cdiv(a: int, b: int) -> int:

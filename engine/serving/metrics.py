@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -26,3 +28,28 @@ class Histogram:
         lines.append(f'{name}_bucket{{le="+Inf"}} {self.total}')
         lines += [f"{name}_sum {self.sum}", f"{name}_count {self.total}"]
         return lines
+
+
+def render_page(
+    values: dict[str, tuple[str, float, str]],
+    histograms: dict[str, tuple[Histogram, str]],
+    labels: dict[str, Any],
+) -> str:
+    """The /metrics page: `values` maps a name to (gauge|counter, value, help), every name under
+    the `servebench:` prefix; `labels` become one info-style `servebench:config` gauge."""
+    lines = []
+    for name, (kind, value, help_) in values.items():
+        lines += [
+            f"# HELP servebench:{name} {help_}",
+            f"# TYPE servebench:{name} {kind}",
+            f"servebench:{name} {value}",
+        ]
+    for name, (hist, help_) in histograms.items():
+        lines += hist.render(f"servebench:{name}", help_)
+    config = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    lines += [
+        "# HELP servebench:config the engine's resolved settings",
+        "# TYPE servebench:config gauge",
+        f"servebench:config{{{config}}} 1",
+    ]
+    return "\n".join(lines) + "\n"

@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Any
 
+from engine.core.request import Request, RequestOutput, SamplingParams
 from engine.engine import LLMEngine
-from engine.prom import Histogram
-from engine.request import Request, RequestOutput, SamplingParams
+from engine.serving.metrics import Histogram
 
 log = logging.getLogger(__name__)
 

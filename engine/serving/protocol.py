@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.request import SamplingParams
+from engine.core.request import SamplingParams
 
 
 class APIError(Exception):
