@@ -89,3 +89,44 @@ def test_a_machine_that_cannot_compile_stays_eager(monkeypatch: pytest.MonkeyPat
     assert not cpu_decode_attention.usable(4, 4)
     out = llm.generate([[5, 6, 7]] * 3, SamplingParams(max_tokens=20, ignore_eos=True))
     assert [len(o.outputs[0].token_ids) for o in out] == [20] * 3
+
+
+def test_a_bfloat16_engine_starts_on_the_compiled_path_and_generates() -> None:
+    llm = LLM("tiny-llama", dtype="bfloat16", max_num_seqs=4, seed=3)
+    assert llm.llm_engine.decode_attention == "compiled"
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    out = llm.generate([[5, 6, 7], list(range(3, 40)), [9] * 20], params)
+    assert [len(o.outputs[0].token_ids) for o in out] == [12] * 3
+
+
+def test_bfloat16_compiled_decode_attention_is_within_bf16_rounding_of_float32() -> None:
+    q, cache, meta = decode_case(6, 80, torch.bfloat16, seed=1)
+    assert cpu_decode_attention.warm_up(cache.k, 3, torch.bfloat16, 64**-0.5)
+    with torch.inference_mode():
+        want = paged_attention(q, cache, meta, 64**-0.5)  # float32 queries: the oracle
+        meta.decode_fused = True
+        got = paged_attention(q.bfloat16(), cache, meta, 64**-0.5)
+    assert got.dtype == torch.bfloat16
+    tol = cpu_decode_attention.check_tolerance(torch.bfloat16)
+    torch.testing.assert_close(got.float(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fault", ["drops the mask", "wrong scale"])
+def test_warm_up_refuses_a_wrong_kernel(
+    monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, fault: str
+) -> None:
+    def wrong(q, k_cache, v_cache, block_tables, mask, scale):  # type: ignore[no-untyped-def]
+        if fault == "drops the mask":
+            mask = torch.ones_like(mask)
+        else:
+            scale = 1.0
+        return cpu_decode_attention._decode_attention(
+            q, k_cache, v_cache, block_tables, mask, scale
+        )
+
+    monkeypatch.setattr(cpu_decode_attention, "_compiled", lambda: wrong)
+    monkeypatch.setitem(cpu_decode_attention._state, "enabled", True)
+    k_cache = torch.zeros(3, 8, 16, 64, dtype=dtype)
+    with pytest.raises(RuntimeError, match="disagrees with its float32 formula"):
+        cpu_decode_attention.warm_up(k_cache, 3, dtype, 64**-0.5)

@@ -81,9 +81,17 @@ def usable(batch: int, blocks: int) -> bool:
     return _state["enabled"] and batch >= 2 and blocks >= 2
 
 
+def check_tolerance(dtype: torch.dtype) -> float:
+    """How far a correct kernel computing in `dtype` may be from the float32 formula: a few
+    rounding steps of the output's dtype (bf16 keeps 8 bits of mantissa, float32 24). A wrong
+    kernel (a dropped mask, a wrong scale) is off by tenths on the warm-up's random inputs."""
+    return max(1e-3, 4 * torch.finfo(dtype).eps)
+
+
 def warm_up(k_cache: torch.Tensor, group: int, dtype: torch.dtype, scale: float) -> bool:
     """Compile for this cache's shape now, on a 2-sequence, 2-block batch, and check it
-    against the eager formula. False (and eager from then on) if compiling fails.
+    against the eager formula computed in float32. False (and eager from then on) if
+    compiling fails.
 
     Dynamo guards on grad mode and on whether a tensor was made under inference mode, so
     the warm-up call mirrors a step: the cache made outside, the rest inside."""
@@ -108,8 +116,13 @@ def warm_up(k_cache: torch.Tensor, group: int, dtype: torch.dtype, scale: float)
             logger.warning("compiled decode attention unavailable, staying eager: %s", e)
             _state["enabled"] = False
             return False
-        want = _decode_attention(q, k, v, tables, mask, scale)
-    if not torch.allclose(got, want, rtol=1e-3, atol=1e-3):
-        raise RuntimeError("compiled decode attention disagrees with its eager formula")
+        want = _decode_attention(q.float(), k.float(), v.float(), tables, mask, scale)
+    tol = check_tolerance(dtype)
+    if not torch.allclose(got.float(), want, rtol=tol, atol=tol):
+        err = (got.float() - want).abs().max().item()
+        raise RuntimeError(
+            f"compiled decode attention disagrees with its float32 formula: max error {err:.3g}"
+            f" (allowed {tol:.3g} in {dtype})"
+        )
     _compiled_shapes.add(shape)
     return True
