@@ -5,6 +5,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
+from engine.engine import LLMEngine
 
 
 @pytest.fixture(scope="module")
@@ -189,3 +190,33 @@ def test_chunking_off_below_the_context_warns_then_rejects_long_prompts(
     with pytest.raises(ValueError, match="more than max_num_batched_tokens=64"):
         llm.generate([[5] * 65], greedy(2))
     assert len(llm.generate([[5] * 64], greedy(2))[0].outputs[0].token_ids) == 2
+
+
+def _step_outputs(engine: LLMEngine, prompt: str, params: SamplingParams) -> list[str]:
+    """Every text the request's outputs showed, step by step (what a stream would send)."""
+    engine.add_request("r", prompt, params)
+    texts = []
+    while engine.has_unfinished_requests():
+        texts += [o.outputs[0].text for o in engine.step()]
+    return texts
+
+
+def test_no_output_shows_text_that_a_stop_string_later_cuts() -> None:
+    engine = LLMEngine(EngineConfig.from_kwargs("tiny-smollm2", max_num_seqs=2, seed=0))
+    prompt = "Once upon a time"
+    free = _step_outputs(engine, prompt, greedy(40, ignore_eos=True))
+    text = free[-1]
+    # Stop strings that start in one token's text and end in a later one's: their first
+    # characters were already in an output when they complete.
+    bounds = sorted({len(t) for t in free if 2 <= len(t) <= len(text) - 6})
+    assert len(bounds) >= 4, free
+    for b in bounds[:: max(1, len(bounds) // 6)]:
+        for n in (2, 5):
+            stop = text[b - 1 : b - 1 + n]
+            texts = _step_outputs(engine, prompt, greedy(40, ignore_eos=True, stop=[stop, "\0"]))
+            final = texts[-1]
+            assert final == text[: text.index(stop)]
+            for shown in texts:
+                assert final.startswith(shown), (stop, shown, final)
+    # Without stop strings nothing is held back.
+    assert _step_outputs(engine, prompt, greedy(40, ignore_eos=True)) == free

@@ -103,6 +103,12 @@ class Request:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.output_text = ""
+        # While a stop string could still complete, its first characters may already be at
+        # the end of the text: hold them back from streamed outputs (as vLLM does) so that no
+        # output ever shows text the final one cuts away.
+        self.stop_hold = 0
+        if params.stop and not params.include_stop_str_in_output:
+            self.stop_hold = max(len(s) for s in params.stop) - 1
         self.error: str | None = None
 
     @property
@@ -124,6 +130,13 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+    @property
+    def stable_output_text(self) -> str:
+        """The text no later step can take back: all of it once finished."""
+        if self.is_finished or not self.stop_hold:
+            return self.output_text
+        return self.output_text[: max(0, len(self.output_text) - self.stop_hold)]
 
     def __repr__(self) -> str:
         return (
@@ -158,7 +171,7 @@ class RequestOutput:
     def of(cls, req: Request, new_token_ids: list[int]) -> RequestOutput:
         reason = req.finish_reason.value if req.finish_reason else None
         completion = CompletionOutput(
-            0, req.output_text, req.output_token_ids, reason, req.stop_reason
+            0, req.stable_output_text, req.output_token_ids, reason, req.stop_reason
         )
         return cls(
             req.request_id,
