@@ -21,8 +21,10 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**40), 2**40)
-    | st.floats(allow_nan=False)
-    | st.text(max_size=8),
+    | st.integers(-(10**500), 10**500)  # past a float's range
+    | st.floats()  # NaN and +-Infinity too: Python's json reads them
+    | st.text(max_size=8)
+    | st.text(st.characters(categories=["Cs", "Lu", "Nd"]), max_size=4),  # lone surrogates
     lambda inner: (
         st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
     ),
@@ -65,8 +67,9 @@ def test_parser_answers_any_body_with_a_request_or_a_4xx(body: dict[str, Any]) -
 @pytest.fixture(scope="module")
 def client() -> Iterator[tuple[TestClient, asyncio.AbstractEventLoop]]:
     loop = asyncio.new_event_loop()
-    engine = LLMEngine(EngineConfig.from_kwargs("tiny-llama", num_kv_blocks=64, max_num_seqs=4))
-    app = build_app(AsyncLLMEngine(engine), "tiny-llama")
+    # A tiny random model with SmolLM2's tokenizer and chat template: both endpoints serve.
+    config = EngineConfig.from_kwargs("tiny-smollm2", num_kv_blocks=64, max_num_seqs=4)
+    app = build_app(AsyncLLMEngine(LLMEngine(config)), "tiny-smollm2")
     c = TestClient(TestServer(app), loop=loop)
     loop.run_until_complete(c.start_server())
     yield c, loop
@@ -75,13 +78,17 @@ def client() -> Iterator[tuple[TestClient, asyncio.AbstractEventLoop]]:
 
 
 def post(
-    client: tuple[TestClient, asyncio.AbstractEventLoop], path: str, body: Any
+    client: tuple[TestClient, asyncio.AbstractEventLoop],
+    path: str,
+    body: Any,
+    content_type: str = "application/json",
 ) -> tuple[int, Any]:
+    """POST a body (a str is sent verbatim); the status and the parsed answer."""
     c, loop = client
 
     async def go() -> tuple[int, Any]:
         data = body if isinstance(body, str) else json.dumps(body)
-        async with c.post(path, data=data) as r:
+        async with c.post(path, data=data, headers={"Content-Type": content_type}) as r:
             text = await r.text()
             if r.content_type == "application/json":
                 return r.status, json.loads(text)
@@ -102,6 +109,84 @@ def test_handlers_never_answer_500(client: Any, body: dict[str, Any], chat: bool
     assert status < 500, answer
     if status >= 400:
         assert set(answer["error"]) == {"message", "type", "param", "code"}
+
+
+# Raw JSON texts that Python's parser or arithmetic choke on: integers past the 4,300-digit
+# string limit or a float's range, NaN and infinities, nesting past the recursion limit.
+absurd_json = st.one_of(
+    st.integers(300, 6000).map(lambda n: "9" * n),
+    st.integers(300, 6000).map(lambda n: "-" + "1" * n),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e400", "-1e400", "1e-400", "0.5e99999"]),
+    st.integers(1, 200_000).map(lambda n: "[" * n + "]" * n),
+    st.integers(1, 200_000).map(lambda n: '{"a":' * n + "1" + "}" * n),
+    st.integers(1, 200_000).map(lambda n: "[" * n),
+    json_values.map(json.dumps),
+)
+CHARSETS = ["", "; charset=utf-8", "; charset=bogus", "; charset=latin-1", "; charset=utf-16"]
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    name=st.sampled_from([f for f in FIELDS if f != "stream"]),
+    value=absurd_json,
+    chat=st.booleans(),
+    charset=st.sampled_from(CHARSETS),
+)
+def test_absurd_numbers_nesting_and_charsets_get_a_4xx(
+    client: Any, name: str, value: str, chat: bool, charset: str
+) -> None:
+    base = '{"prompt": [5, 6], "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2'
+    body = f'{base}, "{name}": {value}}}'  # the field named last wins over the defaults
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    status, answer = post(client, path, body, "application/json" + charset)
+    assert status < 500, answer
+    if status >= 400:
+        assert set(answer["error"]) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize(
+    ("body", "charset", "param"),
+    [
+        ('{"prompt": "Hi", "temperature": 1' + "0" * 400 + "}", "", "temperature"),
+        ('{"prompt": "Hi", "top_p": 1' + "0" * 400 + "}", "", "top_p"),
+        ('{"prompt": "Hi", "max_tokens": 1' + "0" * 5000 + "}", "", None),
+        ("[" * 100_000, "", None),
+        ('{"prompt": "Hi", "max_tokens": 2, "temperature": NaN}', "", "temperature"),
+        ('{"prompt": "Hi\\ud800", "max_tokens": 2}', "", "prompt"),
+        ('{"messages": [{"role": "user", "content": "\\udfff"}]}', "", "messages"),
+    ],
+    ids=[
+        "temperature-400-digits",
+        "top-p-400-digits",
+        "max-tokens-5000-digits",
+        "nesting-100000",
+        "temperature-nan",
+        "prompt-lone-surrogate",
+        "chat-lone-surrogate",
+    ],
+)
+def test_the_bodies_that_once_got_a_500_get_a_400(
+    client: Any, body: str, charset: str, param: str | None
+) -> None:
+    path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+    status, answer = post(client, path, body, "application/json" + charset)
+    assert status == 400, answer
+    assert answer["error"]["param"] == param
+
+
+def test_the_charset_header_does_not_matter_json_is_utf8(client: Any) -> None:
+    body = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
+    for charset in CHARSETS:
+        status, answer = post(client, "/v1/completions", body, "application/json" + charset)
+        assert status == 200, (charset, answer)
+
+
+def test_an_unknown_model_gets_404_model_not_found(client: Any) -> None:
+    status, answer = post(client, "/v1/completions", {"prompt": "Hi", "model": "gpt-4o"})
+    assert status == 404
+    assert (answer["error"]["code"], answer["error"]["param"]) == ("model_not_found", "model")
 
 
 def test_token_id_prompt_is_served(client: Any) -> None:

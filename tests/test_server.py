@@ -340,7 +340,7 @@ BAD_REQUESTS: list[tuple[str, str, str, Any, int, Any, Any]] = [
     ("stop-empty-string", "POST", C, {**OK, "stop": ["ok", ""]}, 400, "stop", None),
     ("seed-float", "POST", C, {**OK, "seed": 1.5}, 400, "seed", None),
     ("seed-over-64-bits", "POST", C, {**OK, "seed": 2**70}, 400, "seed", None),
-    ("unknown-model", "POST", C, {**OK, "model": "gpt-4o"}, 400, "model", "model_not_found"),
+    ("unknown-model", "POST", C, {**OK, "model": "gpt-4o"}, 404, "model", "model_not_found"),
     ("empty-prompt", "POST", C, {**OK, "prompt": ""}, 400, "prompt", None),
     ("empty-prompt-list", "POST", C, {**OK, "prompt": []}, 400, "prompt", None),
     ("mixed-prompt-list", "POST", C, {**OK, "prompt": [1, "a"]}, 400, "prompt", None),

@@ -55,6 +55,7 @@ class Tokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        check_unicode(text)
         ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         if add_special_tokens and self.add_bos:
             ids = [self.bos_token_id, *ids]
@@ -143,6 +144,15 @@ class Tokenizer:
             add_bos=bool(cfg.get("add_bos_token", False)),
             chat_template=cfg.get("chat_template"),
         )
+
+
+def check_unicode(text: str) -> None:
+    """Raise ValueError for text no tokenizer can take: a lone UTF-16 surrogate (JSON's
+    "\\ud800" escape decodes to one) is a str in Python but not Unicode text."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"the text is not valid Unicode at character {e.start}: {e.reason}") from e
 
 
 class IncrementalDetokenizer:

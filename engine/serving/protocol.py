@@ -3,10 +3,12 @@ that the server turns into a 4xx with an OpenAI-shaped error body."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from engine.core.request import SamplingParams
+from engine.model.tokenizer import check_unicode
 
 
 class APIError(Exception):
@@ -61,6 +63,18 @@ _TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", str: "a 
                list: "a list", dict: "an object"}  # fmt: skip
 
 
+def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: float) -> float:
+    """A float in [lo, hi] (hi included); JSON integers of any size are numbers too."""
+    value = _typed(body, name, (int, float), default)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer of hundreds of digits
+        value = math.inf if value > 0 else -math.inf
+    if not lo <= value <= hi:  # also refuses NaN
+        raise APIError(f"'{name}' must be in [{lo:g}, {hi:g}], got {value}", param=name)
+    return value
+
+
 def _names(types: tuple[type, ...]) -> str:
     return " or ".join(_TYPE_NAMES[t] for t in types)
 
@@ -89,7 +103,17 @@ def _prompts(body: dict[str, Any]) -> list[str | list[int]]:
         )
     if any(p == "" for p in prompts):
         raise APIError("'prompt' must not be empty", param="prompt")
+    for p in prompts:
+        if isinstance(p, str):
+            _check_text(p, "prompt")
     return prompts
+
+
+def _check_text(text: str, param: str) -> None:
+    try:
+        check_unicode(text)
+    except ValueError as e:
+        raise APIError(f"'{param}': {e}", param=param) from e
 
 
 def _is_int(x: Any) -> bool:
@@ -114,6 +138,7 @@ def parse_messages(body: dict[str, Any]) -> list[dict[str, str]]:
             content = "".join(parts)
         if not isinstance(content, str):
             raise APIError(f"messages[{i}].content must be a string", param="messages")
+        _check_text(content, "messages")
         out.append({"role": m["role"], "content": content})
     return out
 
@@ -136,12 +161,10 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
             if max_tokens < 1:
                 raise APIError(f"'{name}' must be at least 1, got {max_tokens}", param=name)
             break
-    temperature = float(_typed(body, "temperature", (int, float), 1.0))
-    if not 0.0 <= temperature <= 2.0:
-        raise APIError(f"'temperature' must be in [0, 2], got {temperature}", param="temperature")
-    top_p = float(_typed(body, "top_p", (int, float), 1.0))
-    if not 0.0 < top_p <= 1.0:
-        raise APIError(f"'top_p' must be in (0, 1], got {top_p}", param="top_p")
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise APIError("'top_p' must be in (0, 1], got 0", param="top_p")
     top_k = _typed(body, "top_k", (int,), 0)
     if top_k < -1:
         raise APIError(f"'top_k' must be -1 (off), 0 (off) or positive, got {top_k}", param="top_k")

@@ -6,6 +6,7 @@ Bad input never reaches the engine: it is answered 4xx with an OpenAI-style erro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -63,12 +64,25 @@ async def errors_and_auth(request: web.Request, handler: Any) -> web.StreamRespo
         if e.status >= 400:
             return error_response(APIError(e.reason, e.status, type_="invalid_request_error"))
         raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as e:  # a bug of ours: still an OpenAI-shaped answer, and a traceback
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        err = APIError(f"internal error: {type(e).__name__}", 500, type_="server_error")
+        return error_response(err)
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
+    """JSON is UTF-8 (RFC 8259), so the body's bytes are parsed whatever charset the header
+    names, as vLLM's server does. Python's parser raises more than JSONDecodeError on
+    absurd input: ValueError for integers past its digit limit, RecursionError for deep
+    nesting; each is the client's fault."""
+    raw = await request.read()
     try:
-        body = await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        body = json.loads(raw)
+    except RecursionError as e:
+        raise APIError("the body is not valid JSON: it is nested too deeply") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too many digits
         raise APIError(f"the body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise APIError("the body must be a JSON object")
@@ -77,9 +91,12 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 
 def check_model(state: ServerState, body: dict[str, Any]) -> None:
     model = body.get("model", state.model_name)
+    if not isinstance(model, str):
+        raise APIError(f"'model' must be a string, got {type(model).__name__}", param="model")
     if model != state.model_name:
         raise APIError(
-            f"the model {model!r} is not served here; use {state.model_name!r}",
+            f"the model {str(model)[:100]!r} does not exist here; use {state.model_name!r}",
+            404,
             param="model",
             code="model_not_found",
         )
