@@ -365,13 +365,21 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
         engine = self.llm_engine
-        ids = []
-        for prompt, params in zip(prompts, sampling_params, strict=True):
-            ids.append(f"gen-{next(self._ids)}")
-            engine.add_request(ids[-1], prompt, params)
+        # Every prompt is validated before any is queued: one bad prompt leaves nothing behind.
+        requests = [
+            engine.make_request(f"gen-{next(self._ids)}", prompt, params)
+            for prompt, params in zip(prompts, sampling_params, strict=True)
+        ]
+        for req in requests:
+            engine.add(req)
+        ids = [req.request_id for req in requests]
         finished: dict[str, RequestOutput] = {}
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    finished[out.request_id] = out
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+        finally:  # interrupted (Ctrl-C, a failed step): the next call must not compute these
+            for i in ids:
+                engine.abort_request(i)
         return [finished[i] for i in ids]

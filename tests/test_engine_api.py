@@ -220,3 +220,32 @@ def test_no_output_shows_text_that_a_stop_string_later_cuts() -> None:
                 assert final.startswith(shown), (stop, shown, final)
     # Without stop strings nothing is held back.
     assert _step_outputs(engine, prompt, greedy(40, ignore_eos=True)) == free
+
+
+def test_a_rejected_prompt_leaves_nothing_queued(llm: LLM) -> None:
+    engine = llm.llm_engine
+    before = engine.stats()["prompt_tokens_total"]
+    with pytest.raises(ValueError, match="prompt token ids"):
+        llm.generate([[5, 6, 7], [8, 9], [10**9]], greedy(3))
+    assert not engine.has_unfinished_requests() and not engine.requests
+    outs = llm.generate([[11, 12]], greedy(3, ignore_eos=True))
+    assert [o.prompt_token_ids for o in outs] == [[11, 12]]
+    assert engine.stats()["prompt_tokens_total"] - before == 2  # nothing else was computed
+
+
+def test_an_interrupted_generate_leaves_nothing_queued(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = llm.llm_engine
+    real_step, calls = engine.step, {"n": 0}
+
+    def interrupted_step() -> list:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", interrupted_step)
+    with pytest.raises(KeyboardInterrupt):
+        llm.generate([[5, 6, 7], [8, 9]], greedy(6, ignore_eos=True))
+    assert not engine.has_unfinished_requests() and engine.kv.num_used_blocks == 0

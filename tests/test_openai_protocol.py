@@ -15,7 +15,7 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.serving.async_engine import AsyncLLMEngine
 from engine.serving.protocol import APIError, parse_common, parse_completion, parse_messages
-from engine.serving.server import build_app
+from engine.serving.server import ServerState, build_app
 
 json_values = st.recursive(
     st.none()
@@ -219,3 +219,19 @@ def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(
     )
     assert status == 200 and answer["usage"]["completion_tokens"] == 2
     assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_max_queue_counts_every_prompt_of_a_request(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, _ = client
+    state = next(v for v in c.server.app.values() if isinstance(v, ServerState))
+    monkeypatch.setattr(state, "max_queue", 4)
+    monkeypatch.setattr(AsyncLLMEngine, "num_waiting", property(lambda self: 3))
+    body = {"prompt": [[5, 6], [7, 8]], "max_tokens": 2}
+    status, answer = post(client, "/v1/completions", body)
+    assert status == 429, answer  # 3 waiting + 2 new > 4
+    status, answer = post(client, "/v1/completions", {**body, "prompt": [[5, 6]] * 5})
+    assert status == 400 and "at most 4" in answer["error"]["message"]  # could never fit
+    status, _ = post(client, "/v1/completions", {**body, "prompt": [[5, 6]]})
+    assert status == 200

@@ -102,12 +102,20 @@ def check_model(state: ServerState, body: dict[str, Any]) -> None:
         )
 
 
-def check_capacity(request: web.Request) -> None:
+def check_capacity(request: web.Request, num_new: int) -> None:
+    """Admit `num_new` sequences (a request's prompts) only if the queue has room for all."""
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
-    if engine.num_waiting >= state.max_queue:
+    if num_new > state.max_queue:
+        raise APIError(
+            f"the request has {num_new} prompts; this server queues at most {state.max_queue}"
+            " (--max-queue): send them in smaller requests",
+            param="prompt",
+        )
+    if engine.num_waiting + num_new > state.max_queue:
         state.rejected_total += 1
         raise APIError(
-            f"the server's queue is full ({state.max_queue} waiting); retry later",
+            f"the server's queue is full ({engine.num_waiting} of {state.max_queue} waiting, "
+            f"{num_new} more asked for); retry later",
             429,
             type_="rate_limit_error",
         )
@@ -144,7 +152,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.StreamResponse:
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
-    check_capacity(request)
+    check_capacity(request, len(parsed.prompts))
     max_len = engine.engine.max_model_len
     streams = []
     base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
