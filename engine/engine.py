@@ -257,7 +257,7 @@ class LLMEngine:
                 "decode_tokens": decode,
                 "seqs": len(out.scheduled),
                 "running": len(self.scheduler.running),
-                "waiting": len(self.scheduler.waiting),
+                "waiting": self.scheduler.num_waiting,
                 "kv_blocks_used": self.kv.num_used_blocks,
                 "preempted": len(out.preempted),
             }

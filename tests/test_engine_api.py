@@ -1,5 +1,8 @@
 """The offline API's contract: vLLM-shaped outputs, stop conditions, sampling, aborts, errors."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -249,3 +252,24 @@ def test_an_interrupted_generate_leaves_nothing_queued(
     with pytest.raises(KeyboardInterrupt):
         llm.generate([[5, 6, 7], [8, 9]], greedy(6, ignore_eos=True))
     assert not engine.has_unfinished_requests() and engine.kv.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("batching", ["static", "continuous"])
+def test_the_step_log_counts_waiting_as_stats_does(batching: str, tmp_path: Path) -> None:
+    # A small token budget leaves some of a static batch's members not yet running.
+    engine = LLMEngine(
+        EngineConfig.from_kwargs(
+            "tiny-llama", batching=batching, max_num_seqs=4, max_num_batched_tokens=24
+        )
+    )
+    engine.log_steps(tmp_path / "steps.jsonl")
+    for i in range(7):
+        engine.add_request(f"r{i}", [5 + i] * 20, greedy(3, ignore_eos=True))
+    waiting = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        waiting.append(engine.stats()["num_waiting"])
+    engine.log_steps(None)
+    logged = [json.loads(line)["waiting"] for line in (tmp_path / "steps.jsonl").open()]
+    assert logged == waiting
+    assert max(waiting) > 0

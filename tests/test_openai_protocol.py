@@ -227,7 +227,7 @@ def test_max_queue_counts_every_prompt_of_a_request(
     c, _ = client
     state = next(v for v in c.server.app.values() if isinstance(v, ServerState))
     monkeypatch.setattr(state, "max_queue", 4)
-    monkeypatch.setattr(AsyncLLMEngine, "num_waiting", property(lambda self: 3))
+    monkeypatch.setattr(AsyncLLMEngine, "num_not_running", property(lambda self: 3))
     body = {"prompt": [[5, 6], [7, 8]], "max_tokens": 2}
     status, answer = post(client, "/v1/completions", body)
     assert status == 429, answer  # 3 waiting + 2 new > 4

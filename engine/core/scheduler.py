@@ -46,6 +46,8 @@ class Scheduler:
 
     @property
     def num_waiting(self) -> int:
+        """The one definition of waiting (stats, the step log, /metrics): added and not in the
+        running batch, preempted ones and a static batch's not-yet-running members included."""
         return len(self.waiting) + len(self.batch_waiting)
 
     def has_unfinished(self) -> bool:

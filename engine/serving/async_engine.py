@@ -42,8 +42,10 @@ class AsyncLLMEngine:
         return len(self._streams)
 
     @property
-    def num_waiting(self) -> int:
-        """Requests in flight that are not in the running batch (queued or not yet added)."""
+    def num_not_running(self) -> int:
+        """Requests in flight outside the running batch: queued in the scheduler, or accepted
+        and not yet handed to the engine thread. What admission control (--max-queue) counts;
+        /metrics reports the scheduler's own `num_waiting`, as the step log and stats do."""
         return self.num_in_flight - int(self.stats["num_running"])
 
     async def start(self) -> None:

@@ -111,10 +111,10 @@ def check_capacity(request: web.Request, num_new: int) -> None:
             " (--max-queue): send them in smaller requests",
             param="prompt",
         )
-    if engine.num_waiting + num_new > state.max_queue:
+    if engine.num_not_running + num_new > state.max_queue:
         state.rejected_total += 1
         raise APIError(
-            f"the server's queue is full ({engine.num_waiting} of {state.max_queue} waiting, "
+            f"the server's queue is full ({engine.num_not_running} of {state.max_queue} waiting, "
             f"{num_new} more asked for); retry later",
             429,
             type_="rate_limit_error",
@@ -235,7 +235,7 @@ async def metrics(request: web.Request) -> web.Response:
     s = engine.stats
     gauges = {
         "num_requests_running": ("gauge", s["num_running"], "requests in the running batch"),
-        "num_requests_waiting": ("gauge", engine.num_waiting, "requests queued"),
+        "num_requests_waiting": ("gauge", s["num_waiting"], "requests queued, not running"),
         "kv_blocks_used": ("gauge", s["kv_blocks_used"], "KV-cache blocks in use"),
         "kv_peak_blocks_used": ("gauge", s["kv_peak_blocks_used"], "most KV blocks ever in use"),
         "kv_blocks_total": ("gauge", s["kv_blocks_total"], "KV-cache blocks in the pool"),
