@@ -99,10 +99,10 @@ def generate(
     t0 = time.perf_counter()
     llm = LLM(model, **engine_args(locals()))
     load_s = time.perf_counter() - t0
-    texts = prompts or DEFAULT_PROMPTS
+    texts: list[str] | list[list[int]] = prompts or DEFAULT_PROMPTS
     tokenizer = llm.get_tokenizer()
     if chat and tokenizer is not None and tokenizer.chat_template:
-        texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in texts]
+        texts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in texts]
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
     t0 = time.perf_counter()
     outputs = llm.generate(texts, params)

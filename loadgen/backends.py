@@ -268,10 +268,10 @@ class InProcessBackend:
     async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
         from engine.core.request import SamplingParams
 
-        prompt = spec.prompt
+        prompt: str | list[int] = spec.prompt
         tokenizer = self.engine.engine.tokenizer
         if self.chat and tokenizer is not None and tokenizer.chat_template:
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+            prompt = tokenizer.encode_chat([{"role": "user", "content": spec.prompt}])
         params = SamplingParams(
             max_tokens=spec.output_len, temperature=0.0, ignore_eos=self.ignore_eos
         )

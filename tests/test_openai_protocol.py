@@ -235,3 +235,21 @@ def test_max_queue_counts_every_prompt_of_a_request(
     assert status == 400 and "at most 4" in answer["error"]["message"]  # could never fit
     status, _ = post(client, "/v1/completions", {**body, "prompt": [[5, 6]]})
     assert status == 200
+
+
+def test_chat_prompts_get_the_templates_bos_only(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, _ = client
+    tokenizer = next(v for v in c.server.app.values() if isinstance(v, AsyncLLMEngine)).engine
+    tokenizer = tokenizer.tokenizer
+    bos = tokenizer.eos_token_ids[0]
+    monkeypatch.setattr(tokenizer, "bos_token_id", bos)
+    monkeypatch.setattr(tokenizer, "add_bos", True)
+    monkeypatch.setattr(tokenizer, "chat_template", "{{ bos_token }}" + tokenizer.chat_template)
+    messages = [{"role": "user", "content": "Hi"}]
+    status, answer = post(client, "/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    assert status == 200, answer
+    ids = tokenizer.encode_chat(messages)
+    assert ids[:2] == [bos, ids[1]] and ids[1] != bos
+    assert answer["usage"]["prompt_tokens"] == len(ids)

@@ -417,3 +417,23 @@ def test_chat_template_adds_default_system_message_only_when_missing(tok: Tokeni
     assert without.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
     assert with_system.startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
     assert with_system.count("<|im_start|>system") == 1
+
+
+def bos_template_tokenizer(tok: Tokenizer) -> Tokenizer:
+    """SmolLM2's tokenizer as a Llama-3-style model has it: BOS added to plain prompts, and a
+    chat template that writes `{{ bos_token }}` itself."""
+    assert tok.chat_template is not None
+    bos = tok.eos_token_ids[0]  # any special token will do as this model's BOS
+    return Tokenizer(
+        tok.tokenizer, tok.eos_token_ids, bos, True, "{{ bos_token }}" + tok.chat_template
+    )
+
+
+def test_a_chat_template_that_writes_bos_gets_exactly_one(tok: Tokenizer) -> None:
+    bos_tok = bos_template_tokenizer(tok)
+    messages = [{"role": "user", "content": "Hi"}]
+    ids = bos_tok.encode_chat(messages)
+    bos = bos_tok.bos_token_id
+    assert ids[0] == bos and ids[1] != bos
+    assert ids == [bos, *tok.encode_chat(messages)]
+    assert bos_tok.encode("Hi")[0] == bos  # plain prompts still get theirs

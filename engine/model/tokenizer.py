@@ -89,6 +89,15 @@ class Tokenizer:
             messages=messages, add_generation_prompt=add_generation_prompt, **special
         )
 
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
+        """The chat prompt's token ids. The template writes its own special tokens (a BOS
+        among them, where it wants one), so none is added on top: as transformers'
+        `apply_chat_template(tokenize=True)` and vLLM's chat endpoint do."""
+        text = self.apply_chat_template(messages, add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
+
     def _token_or_empty(self, token_id: int | None) -> str:
         return "" if token_id is None else self.tokenizer.id_to_token(token_id) or ""
 

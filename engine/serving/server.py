@@ -138,10 +138,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if tokenizer is None or not tokenizer.chat_template:
         raise APIError("this model has no chat template; use /v1/completions")
     try:
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        ids = tokenizer.encode_chat(messages, add_generation_prompt=True)
     except Exception as e:
         raise APIError(f"the chat template failed on these messages: {e}", param="messages") from e
-    ids = tokenizer.encode(prompt)
     parsed = parse_common(body, [ids], chat=True)
     if not parsed.max_tokens_given:  # like vLLM: whatever the context (and KV pool) leaves
         kv = engine.engine.kv
