@@ -20,6 +20,7 @@ ENGINE_GAUGES = {
     "kv_peak_blocks_used": ("servebench:kv_peak_blocks_used",),
     "kv_usage": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
     "preemptions": ("servebench:num_preemptions_total", "vllm:num_preemptions_total"),
+    "rss_bytes": ("process_resident_memory_bytes",),  # any Prometheus client exports it
 }
 
 # Engine gauges whose mean over the run matters, not only the peak: the batch the engine

@@ -253,3 +253,21 @@ def test_chat_prompts_get_the_templates_bos_only(
     ids = tokenizer.encode_chat(messages)
     assert ids[:2] == [bos, ids[1]] and ids[1] != bos
     assert answer["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_metrics_export_the_process_memory_and_the_one_waiting_count(client: Any) -> None:
+    from loadgen.telemetry import parse_gauges
+
+    c, loop = client
+    engine = next(v for v in c.server.app.values() if isinstance(v, AsyncLLMEngine)).engine
+
+    async def get() -> str:
+        async with c.get("/metrics") as r:
+            return await r.text()
+
+    text = loop.run_until_complete(get())
+    gauges = parse_gauges(text)
+    assert gauges["rss_bytes"] > 10 * 2**20
+    assert gauges["waiting"] == engine.stats()["num_waiting"]
+    assert "# TYPE process_resident_memory_bytes gauge" in text
+    assert "process_cpu_seconds_total" in text

@@ -1,8 +1,13 @@
-"""A cumulative Prometheus histogram, rendered in the text exposition format."""
+"""The /metrics page in Prometheus' text format: the engine's gauges and counters under
+`servebench:`, cumulative histograms, and the process metrics that Prometheus clients export
+(`process_resident_memory_bytes`, ...), so a long run's telemetry shows the server's memory."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import psutil
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -46,6 +51,7 @@ def render_page(
         ]
     for name, (hist, help_) in histograms.items():
         lines += hist.render(f"servebench:{name}", help_)
+    lines += process_metrics()
     config = ",".join(f'{k}="{v}"' for k, v in labels.items())
     lines += [
         "# HELP servebench:config the engine's resolved settings",
@@ -53,3 +59,29 @@ def render_page(
         f"servebench:config{{{config}}} 1",
     ]
     return "\n".join(lines) + "\n"
+
+
+def process_metrics() -> list[str]:
+    """The standard `process_*` metrics of Prometheus clients, for this process."""
+    proc = psutil.Process(os.getpid())
+    with proc.oneshot():
+        mem, cpu = proc.memory_info(), proc.cpu_times()
+        values = {
+            "process_resident_memory_bytes": ("gauge", mem.rss, "Resident memory size in bytes."),
+            "process_virtual_memory_bytes": ("gauge", mem.vms, "Virtual memory size in bytes."),
+            "process_cpu_seconds_total": (
+                "counter",
+                cpu.user + cpu.system,
+                "Total user and system CPU time spent in seconds.",
+            ),
+            "process_start_time_seconds": (
+                "gauge",
+                proc.create_time(),
+                "Start time of the process since unix epoch in seconds.",
+            ),
+            "process_open_fds": ("gauge", proc.num_fds(), "Number of open file descriptors."),
+        }
+    lines = []
+    for name, (kind, value, help_) in values.items():
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+    return lines
