@@ -138,6 +138,7 @@ class LLMEngine:
         self._counters = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0}
         self._last_step = {"num_tokens": 0, "num_seqs": 0, "time_s": 0.0}
         self._step_log: TextIO | None = None
+        self._step_outputs: list[RequestOutput] = []
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -203,8 +204,11 @@ class LLMEngine:
         return RequestOutput.of(req, [])
 
     def fail_running(self, error: str) -> list[RequestOutput]:
-        """After a step raised, its requests' state is unknown: end them with the error."""
-        outputs = []
+        """After a step raised: the requests it had already finished get their final outputs
+        (their clients would wait forever otherwise); the running ones, whose state is now
+        unknown, end with the error."""
+        outputs = [o for o in self._step_outputs if o.finished]
+        self._step_outputs = []
         for req in list(self.scheduler.running):
             req.error = error
             self._finish(req, FinishReason.ERROR, flush=False)
@@ -234,7 +238,8 @@ class LLMEngine:
         sampled = self.runner.execute(out, self.kv.block_tables)
         self.scheduler.advance(out)
         now = time.monotonic()
-        outputs = []
+        outputs: list[RequestOutput] = []
+        self._step_outputs = outputs  # what fail_running delivers if the loop below raises
         for req, token in sampled:
             req.token_ids.append(token)
             if req.metrics.first_token_time is None:
@@ -262,6 +267,7 @@ class LLMEngine:
                 "preempted": len(out.preempted),
             }
             self._step_log.write(json.dumps(line) + "\n")
+        self._step_outputs = []
         return outputs
 
     def _process_token(self, req: Request, token: int) -> None:

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
+from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
-from engine.serving.async_engine import AsyncLLMEngine
+from engine.serving.async_engine import AsyncLLMEngine, EngineStepError
 from engine.serving.protocol import APIError, parse_common, parse_completion, parse_messages
 from engine.serving.server import ServerState, build_app
 
@@ -271,3 +272,46 @@ def test_metrics_export_the_process_memory_and_the_one_waiting_count(client: Any
     assert gauges["waiting"] == engine.stats()["num_waiting"]
     assert "# TYPE process_resident_memory_bytes gauge" in text
     assert "process_cpu_seconds_total" in text
+
+
+def test_requests_a_failing_step_had_finished_still_get_their_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = LLMEngine(EngineConfig.from_kwargs("tiny-llama", num_kv_blocks=32, max_num_seqs=4))
+    real = engine._process_token
+
+    def fails_on_b(req: Any, token: int) -> None:
+        if req.request_id == "b":
+            raise RuntimeError("injected fault")
+        real(req, token)
+
+    monkeypatch.setattr(engine, "_process_token", fails_on_b)
+
+    async def main() -> tuple[Any, Any]:
+        async_engine = AsyncLLMEngine(engine)
+        await async_engine.start()
+        try:
+            params = SamplingParams(max_tokens=1, ignore_eos=True)
+            a = async_engine.generate("a", [5, 6], params)  # finishes in the step b fails
+            b = async_engine.generate("b", [7, 8], SamplingParams(max_tokens=5))
+
+            async def last(stream: Any) -> Any:
+                out = None
+                async for out in stream:  # noqa: B007
+                    pass
+                return out
+
+            return await asyncio.wait_for(
+                asyncio.gather(last(a), last(b), return_exceptions=True), 30
+            )
+        finally:
+            await async_engine.stop()
+
+    loop = asyncio.new_event_loop()
+    try:
+        out_a, out_b = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert out_a.finished and out_a.outputs[0].token_ids and out_a.error is None
+    assert isinstance(out_b, EngineStepError) and "injected fault" in str(out_b)
+    assert engine.kv.num_used_blocks == 0 and not engine.has_unfinished_requests()

@@ -115,10 +115,17 @@ class AsyncLLMEngine:
             new, self._new = self._new, []
             aborts, self._aborts = self._aborts, []
         dropped = set(aborts)  # a client that left before its request was even added
+        failed = []
         for req in new:
-            if req.request_id not in dropped:
+            if req.request_id in dropped:
+                continue
+            try:
                 self.engine.add(req)
-        return [o for r in aborts if (o := self.engine.abort_request(r))]
+            except Exception as e:  # the engine thread must outlive any one request
+                log.exception("could not add request %s", req.request_id)
+                req.error = f"the engine could not take the request: {type(e).__name__}: {e}"
+                failed.append(RequestOutput.of(req, []))
+        return failed + [o for r in aborts if (o := self.engine.abort_request(r))]
 
     def _send(self, outputs: list[RequestOutput]) -> None:
         if outputs:
