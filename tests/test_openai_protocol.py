@@ -3,6 +3,7 @@ never a 500. Handlers run in-process on the tiny random model."""
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -315,3 +316,60 @@ def test_requests_a_failing_step_had_finished_still_get_their_output(
     assert out_a.finished and out_a.outputs[0].token_ids and out_a.error is None
     assert isinstance(out_b, EngineStepError) and "injected fault" in str(out_b)
     assert engine.kv.num_used_blocks == 0 and not engine.has_unfinished_requests()
+
+
+def _app_tokenizer(client: Any) -> Any:
+    c, _ = client
+    return next(v for v in c.server.app.values() if isinstance(v, AsyncLLMEngine)).engine.tokenizer
+
+
+def test_a_prompt_too_long_by_its_length_alone_is_refused_untokenized(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = _app_tokenizer(client)
+
+    def never(*args: Any, **kwargs: Any) -> list[int]:
+        raise AssertionError("tokenized a prompt that could never fit")
+
+    monkeypatch.setattr(tokenizer, "encode", never)
+    monkeypatch.setattr(tokenizer, "encode_chat", never)
+    huge = "x" * (4 * 2**20)
+    for path, body in (
+        ("/v1/completions", {"prompt": huge, "max_tokens": 1}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": huge}]}),
+    ):
+        status, answer = post(client, path, body)
+        assert status == 400 and answer["error"]["code"] == "context_length_exceeded", answer
+
+
+def test_long_prompts_are_tokenized_off_the_event_loop(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokenizer = _app_tokenizer(client)
+    threads: list[int] = []
+    real_encode, real_chat = tokenizer.encode, tokenizer.encode_chat
+
+    def encode(*args: Any, **kwargs: Any) -> list[int]:
+        threads.append(threading.get_ident())
+        return real_encode(*args, **kwargs)
+
+    def encode_chat(*args: Any, **kwargs: Any) -> list[int]:
+        threads.append(threading.get_ident())
+        return real_chat(*args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", encode)
+    monkeypatch.setattr(tokenizer, "encode_chat", encode_chat)
+    long = "word " * 4000  # 20,000 characters: past LONG_PROMPT_CHARS, within the bound
+    post(client, "/v1/completions", {"prompt": long, "max_tokens": 1})
+    post(client, "/v1/chat/completions", {"messages": [{"role": "user", "content": long}]})
+    post(client, "/v1/completions", {"prompt": "short", "max_tokens": 1})
+    loop_thread = threading.get_ident()  # the test client runs the server's loop here
+    assert len(threads) >= 3
+    assert threads[0] != loop_thread and threads[1] != loop_thread
+    assert threads[-1] == loop_thread  # short prompts skip the thread hop
+
+
+def test_the_length_bound_never_exceeds_the_true_token_count(client: Any) -> None:
+    tokenizer = _app_tokenizer(client)
+    for text in ["a" * 5000, " " * 3000, "日本語" * 700, "<|im_start|>" * 100, "\n\n\t " * 900]:
+        assert tokenizer.min_num_tokens(len(text)) <= len(tokenizer.encode(text, False))

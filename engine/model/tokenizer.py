@@ -3,6 +3,7 @@ its vocab and merges) or a tokenizer.json; chat templates rendered with jinja2."
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -55,11 +56,32 @@ class Tokenizer:
         return self.tokenizer.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Thread-friendly for long texts: `encode_batch` releases the GIL (`encode` holds it,
+        so a server tokenizing on a worker thread would still stall its event loop)."""
         check_unicode(text)
-        ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        if len(text) < 10_000:
+            ids = self.tokenizer.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         if add_special_tokens and self.add_bos:
             ids = [self.bos_token_id, *ids]
         return ids
+
+    @functools.cached_property
+    def max_token_chars(self) -> int | None:
+        """The most characters any one token stands for; None where a normalizer may drop
+        characters, so that no bound on a text's token count follows from its length."""
+        if self.tokenizer.normalizer is not None:
+            return None
+        size = self.tokenizer.get_vocab_size(with_added_tokens=True)
+        most = max(len(self.tokenizer.decode([i], skip_special_tokens=False)) for i in range(size))
+        return most + 1  # a decoder may strip the leading space of a lone token
+
+    def min_num_tokens(self, num_chars: int) -> int:
+        """A certain lower bound on the token count of any text of `num_chars` characters,
+        without encoding it (0 where none is known)."""
+        most = self.max_token_chars
+        return -(-num_chars // most) if most else 0
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -7,15 +7,18 @@ Bad input never reaches the engine: it is answered 4xx with an OpenAI-style erro
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from engine.model.tokenizer import Tokenizer
 from engine.serving.async_engine import AsyncLLMEngine
 from engine.serving.metrics import Histogram, render_page
 from engine.serving.protocol import (
@@ -28,6 +31,8 @@ from engine.serving.protocol import (
 from engine.serving.streaming import full_response, stream_response
 
 log = logging.getLogger(__name__)
+
+LONG_PROMPT_CHARS = 10_000  # tokenized on a worker thread from this length on
 
 ENGINE_KEY = web.AppKey("engine", AsyncLLMEngine)
 STATE_KEY = web.AppKey("state", "ServerState")
@@ -137,8 +142,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tokenizer = engine.engine.tokenizer
     if tokenizer is None or not tokenizer.chat_template:
         raise APIError("this model has no chat template; use /v1/completions")
+    n_chars = sum(len(m["content"]) for m in messages)  # the rendered prompt has more
     try:
-        ids = tokenizer.encode_chat(messages, add_generation_prompt=True)
+        encode = functools.partial(tokenizer.encode_chat, messages)
+        max_len = engine.engine.max_model_len
+        ids = await tokenize(tokenizer, n_chars, encode, max_len, "messages")
+    except APIError:
+        raise
     except Exception as e:
         raise APIError(f"the chat template failed on these messages: {e}", param="messages") from e
     parsed = parse_common(body, [ids], chat=True)
@@ -149,9 +159,31 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await serve(request, parsed, chat=True)
 
 
+async def tokenize(
+    tokenizer: Tokenizer,
+    n_chars: int,
+    encode: Callable[[], list[int]],
+    max_len: int,
+    param: str,
+) -> list[int]:
+    """A prompt's token ids without stalling every other stream: one that cannot fit the
+    context is refused before it is tokenized (a few MB take the tokenizer seconds), and a
+    long one is tokenized on a worker thread (the tokenizer releases the GIL for it)."""
+    at_least = tokenizer.min_num_tokens(n_chars)
+    if at_least >= max_len:
+        raise APIError(
+            f"this model's maximum context length is {max_len} tokens; the prompt has "
+            f"{n_chars} characters, which is at least {at_least} tokens",
+            param=param,
+            code="context_length_exceeded",
+        )
+    if n_chars < LONG_PROMPT_CHARS:
+        return encode()
+    return await asyncio.to_thread(encode)
+
+
 async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.StreamResponse:
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
-    check_capacity(request, len(parsed.prompts))
     max_len = engine.engine.max_model_len
     streams = []
     base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -161,10 +193,12 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
         if isinstance(prompt, str):
             if tokenizer is None:
                 raise APIError("this model has no tokenizer: send token ids", param="prompt")
-            prompt = tokenizer.encode(prompt)
+            encode = functools.partial(tokenizer.encode, prompt)
+            prompt = await tokenize(tokenizer, len(prompt), encode, max_len, "prompt")
         if len(prompt) + parsed.params.max_tokens > max_len:
             raise_context(len(prompt), parsed.params.max_tokens, max_len)
         prompts.append(prompt)
+    check_capacity(request, len(prompts))  # no await from here until they are queued
     for i, ids in enumerate(prompts):
         try:
             streams.append(engine.generate(f"{base_id}-{i}", ids, parsed.params))
@@ -274,6 +308,8 @@ def build_app(
         "kv_cache_dtype": cfg.cache.kv_cache_dtype,
         "quantization": cfg.quantization or "none",
     }
+    if engine.engine.tokenizer is not None:
+        _ = engine.engine.tokenizer.max_token_chars  # computed once now, not on the event loop
     app[ENGINE_KEY] = engine
     app[STATE_KEY] = ServerState(model_name, api_key, max_queue, time.time(), flat, Histogram())
     app.router.add_post("/v1/completions", completions)
