@@ -1,0 +1,52 @@
+"""Memory stays bounded under a long varied load: the engine keeps no state per request and
+no unbounded state per batch shape."""
+
+import random
+
+import psutil
+import pytest
+import torch
+
+from engine import LLMEngine, SamplingParams
+from engine.config import EngineConfig
+from engine.ops import cpu_linear
+
+
+def varied_load(engine: LLMEngine, rng: random.Random, n: int, start: int = 0) -> None:
+    """`n` requests of 1-900 prompt tokens and 1-8 output tokens, run to completion: steps
+    of every token count from 1 to the budget."""
+    for i in range(start, start + n):
+        prompt = [rng.randrange(3, 500) for _ in range(rng.randint(1, 900))]
+        params = SamplingParams(max_tokens=rng.randint(1, 8), ignore_eos=True)
+        engine.add_request(f"r{i}", prompt, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def test_packed_linears_run_at_a_bounded_set_of_row_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: set[int] = set()
+    real = cpu_linear.packed_product
+
+    def recording(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        seen.add(x.shape[0])
+        return real(x, w)
+
+    monkeypatch.setattr(cpu_linear, "packed_product", recording)
+    engine = LLMEngine(EngineConfig.from_kwargs("tiny-llama", max_num_seqs=8))
+    assert engine.runner.model.layers[0].mlp.down_proj.__class__ is cpu_linear.PackedLinear
+    varied_load(engine, random.Random(0), 120)
+    allowed = {cpu_linear.padded_rows(m) for m in range(1, cpu_linear.MKL_MIN_ROWS)}
+    assert len(allowed) <= 100
+    assert seen <= allowed and len(seen) > 15
+
+
+def test_rss_stops_growing_under_a_long_varied_load() -> None:
+    engine = LLMEngine(EngineConfig.from_kwargs("tiny-llama", max_num_seqs=8))
+    rng, proc = random.Random(0), psutil.Process()
+    rss_mb = []
+    for r in range(12):
+        varied_load(engine, rng, 40, start=40 * r)
+        rss_mb.append(proc.memory_info().rss / 2**20)
+    assert engine.kv.num_used_blocks == 0 and not engine.requests
+    # Before row counts were bucketed this grew ~35 MB a round, every round.
+    assert rss_mb[-1] - rss_mb[5] < 32, [round(x) for x in rss_mb]
