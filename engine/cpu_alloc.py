@@ -1,12 +1,9 @@
 """Keep freed activation buffers in glibc's heap instead of handing them back to the OS.
 
 With glibc's defaults each multi-MB activation of a step is a fresh mmap, so every step
-pays page faults on all of it: in profiles an elementwise op over a [1024, 1536] bf16
-activation took 6-14 ms inside the forward and 0.5 ms in isolation. Measured here on
-32 x (128 in, 64 out) with benchmarks/engine_throughput.py, two A/B pairs each:
-168.7 / 186.7 vs 164.9 / 151.0 output tok/s. It only helps when set before torch
-allocates (set from LLMEngine.__init__ it did nothing), hence at `import engine`.
-vLLM's CPU guide gets the same effect by preloading tcmalloc.
+pays page faults on all of it (README, "Measured design choices", has the figures). It only
+helps when set before torch allocates (set from LLMEngine.__init__ it did nothing), hence at
+`import engine`. vLLM's CPU guide gets the same effect by preloading tcmalloc.
 
 `SERVEBENCH_MALLOPT=0` leaves the allocator alone."""
 

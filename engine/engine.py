@@ -77,8 +77,8 @@ def cpu_has_native_bf16() -> bool:
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
     """'auto' is bfloat16 on CUDA and on CPUs with native bf16 math, float32 on the others,
-    where bf16 matmuls fall back to a path ~500x slower (measured on an AVX2-only EPYC:
-    0.29 vs 150 GFLOP/s for a 2048^3 matmul)."""
+    where bf16 matmuls fall back to a path hundreds of times slower (README, "Measured design
+    choices")."""
     if dtype != "auto":
         return dtype
     return "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"

@@ -4,12 +4,10 @@
 every call: for decode-sized inputs (a few dozen rows) that repacking costs about as much as
 the product. oneDNN can keep the weight in its own blocked layout (`_reorder_linear_weight`,
 the op torch's inductor uses when it freezes a CPU model; vLLM's CPU backend prepacks its
-weights with oneDNN the same way). Measured here (AVX2 EPYC, 2 threads, float32,
-SmolLM2-135M): a decode step at 32 sequences 149 -> 121 ms, [32, 576] x [576, 3072]
-0.95 -> 0.75 ms, LM head [32, 576] x [576, 49152] 23.8 -> 13.7 ms. MKL's kernel is the
-better one for big prefill chunks (2048 rows: 39.4 vs 44.3 ms for [576, 3072]), so from
-`MKL_MIN_ROWS` rows the weight is unpacked for MKL, which costs ~2 % of the product (0.25 ms
-there). Only float32: the bf16 path was not measured on a CPU with native bf16.
+weights with oneDNN the same way). MKL's kernel is the better one for big prefill chunks,
+so from `MKL_MIN_ROWS` rows the weight is unpacked for MKL, which costs little beside the
+product. Only float32: the bf16 path was not measured on a CPU with native bf16. Figures:
+README, "Measured design choices".
 
 `SERVEBENCH_ONEDNN=0` keeps plain `nn.Linear`."""
 
@@ -21,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MKL_MIN_ROWS = 1024  # at 512 rows the two are within 10 % either way; at 2048 MKL wins 10 %
+MKL_MIN_ROWS = 1024  # where MKL's kernel starts to win (measured: README)
 
 
 def padded_rows(rows: int) -> int:

@@ -34,8 +34,8 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 # e4m3 -> float16 by moving bits: e4m3's 7 exponent+mantissa bits, shifted left by 7, are a
 # float16 whose exponent bias is 8 too small, so the value is 2**-8 of the fp8 one; subnormals
-# come out right too. Exact for all 254 finite codes (tested), and ~12x faster on CPU than
-# torch's own fp8 -> float cast (0.42 vs 5.2 ms for a 3072x576 weight, measured on 2 cores).
+# come out right too. Exact for all 254 finite codes (tested), and much faster on CPU than
+# torch's own fp8 -> float cast (README, "Measured design choices").
 _FP16_FROM_FP8_FACTOR = 256.0
 _SIGN_AND_LOW_BITS = -16512  # int16 0xBF80: keep the sign (bit 15) and bits 13..7
 
@@ -59,7 +59,7 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
 
 def use_scaled_mm(device: torch.device) -> bool:
     """W8A8 through `torch._scaled_mm` where the tensor cores take fp8 (CUDA, sm89+). On CPU,
-    upcast-then-matmul is faster (benchmarks/fp8_matmul.py: 3-35x over _scaled_mm here)."""
+    upcast-then-matmul is faster (benchmarks/fp8_matmul.py measures both)."""
     if device.type != "cuda":
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
@@ -86,10 +86,9 @@ def fp8_linear(
     return F.linear(x, weight.to(x.dtype)) * weight_scale.to(x.dtype)
 
 
-# Rows of weight upcast at a time on CPU: ~1M elements (4 MB in float32) measured fastest on
-# 2 EPYC cores (512K: +10 %, 4M: +60 % time at 32 tokens). Upcasting a whole 7B-sized weight at
-# once made the call 8-10x slower than float32: 300 MB of fresh temporaries a call, each
-# page-faulted in; blocked, the buffers are reused while still in cache.
+# Rows of weight upcast at a time on CPU: ~1M elements (4 MB in float32), the fastest block
+# measured. Upcasting a whole 7B-sized weight at once made hundreds of MB of fresh temporaries
+# a call, each page-faulted in; blocked, the buffers are reused while still in cache.
 _CPU_BLOCK_ELEMENTS = 2**20
 
 
