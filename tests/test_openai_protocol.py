@@ -373,3 +373,29 @@ def test_the_length_bound_never_exceeds_the_true_token_count(client: Any) -> Non
     tokenizer = _app_tokenizer(client)
     for text in ["a" * 5000, " " * 3000, "日本語" * 700, "<|im_start|>" * 100, "\n\n\t " * 900]:
         assert tokenizer.min_num_tokens(len(text)) <= len(tokenizer.encode(text, False))
+
+
+def test_an_error_mid_stream_ends_the_stream_with_an_error_event(
+    client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.serving import streaming
+
+    def broken(outputs: Any) -> Any:
+        raise KeyError("injected")
+
+    monkeypatch.setattr(streaming, "usage", broken)  # runs after the last token
+    body = {"prompt": [5, 6], "max_tokens": 2, "stream": True}
+    status, text = post(
+        client, "/v1/completions", {**body, "stream_options": {"include_usage": True}}
+    )
+    assert status == 200
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["type"] == "server_error"
+
+
+def test_metric_labels_are_escaped() -> None:
+    from engine.serving.metrics import Histogram, render_page
+
+    page = render_page({}, {"h": (Histogram(), "x")}, {"model": 'a"b\\c\nd'})
+    assert 'model="a\\"b\\\\c\\nd"' in page

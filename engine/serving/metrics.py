@@ -52,7 +52,7 @@ def render_page(
     for name, (hist, help_) in histograms.items():
         lines += hist.render(f"servebench:{name}", help_)
     lines += process_metrics()
-    config = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    config = ",".join(f'{k}="{label_value(v)}"' for k, v in labels.items())
     lines += [
         "# HELP servebench:config the engine's resolved settings",
         "# TYPE servebench:config gauge",
@@ -85,3 +85,8 @@ def process_metrics() -> list[str]:
     for name, (kind, value, help_) in values.items():
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
     return lines
+
+
+def label_value(value: Any) -> str:
+    """A label value in the text format: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

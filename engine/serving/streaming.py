@@ -144,5 +144,11 @@ async def stream_response(
     except ConnectionResetError:  # aclosing() above has already aborted the request
         log.info("client of %s went away; its request was aborted", meta["id"])
         return resp
+    except Exception as e:  # a bug of ours mid-stream: the status is sent, so say it in-band
+        log.exception("stream %s failed", meta["id"])
+        with contextlib.suppress(ConnectionResetError):
+            err = APIError(f"internal error: {type(e).__name__}", 500, type_="server_error")
+            await send(err.body())
+            await send("[DONE]")
     await resp.write_eof()
     return resp
