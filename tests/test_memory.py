@@ -50,3 +50,48 @@ def test_rss_stops_growing_under_a_long_varied_load() -> None:
     assert engine.kv.num_used_blocks == 0 and not engine.requests
     # Before row counts were bucketed this grew ~35 MB a round, every round.
     assert rss_mb[-1] - rss_mb[5] < 32, [round(x) for x in rss_mb]
+
+
+def test_serving_keeps_no_python_objects_per_request() -> None:
+    import asyncio
+    import gc
+
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from engine.serving.async_engine import AsyncLLMEngine
+    from engine.serving.server import build_app
+
+    config = EngineConfig.from_kwargs("tiny-smollm2", num_kv_blocks=64, max_num_seqs=4)
+    async_engine = AsyncLLMEngine(LLMEngine(config))
+    rng = random.Random(1)
+
+    async def batch(client: TestClient, n: int) -> None:
+        async def one() -> None:
+            body = {
+                "prompt": "word " * rng.randint(1, 60),
+                "max_tokens": rng.randint(1, 6),
+                "stream": rng.random() < 0.5,
+                "stop": ["zz"] if rng.random() < 0.3 else None,
+            }
+            async with client.post("/v1/completions", json=body) as r:
+                assert r.status == 200
+                await r.read()
+
+        await asyncio.gather(*(one() for _ in range(n)))
+
+    async def main() -> list[int]:
+        client = TestClient(TestServer(build_app(async_engine, "tiny-smollm2")))
+        await client.start_server()
+        counts = []
+        try:
+            for _ in range(5):
+                await batch(client, 40)
+                gc.collect()
+                counts.append(len(gc.get_objects()))
+        finally:
+            await client.close()
+        return counts
+
+    counts = asyncio.run(main())
+    assert async_engine.num_in_flight == 0 and not async_engine.engine.requests
+    assert counts[-1] - counts[1] < 2000, counts  # 120 requests later: nothing kept per request
