@@ -359,7 +359,7 @@ def test_long_prompts_are_tokenized_off_the_event_loop(
 
     monkeypatch.setattr(tokenizer, "encode", encode)
     monkeypatch.setattr(tokenizer, "encode_chat", encode_chat)
-    long = "word " * 4000  # 20,000 characters: past LONG_PROMPT_CHARS, within the bound
+    long = "word " * 4000  # 20,000 characters: past LONG_TEXT_CHARS, within the bound
     post(client, "/v1/completions", {"prompt": long, "max_tokens": 1})
     post(client, "/v1/chat/completions", {"messages": [{"role": "user", "content": long}]})
     post(client, "/v1/completions", {"prompt": "short", "max_tokens": 1})

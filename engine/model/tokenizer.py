@@ -36,6 +36,9 @@ def _gguf_pre_tokenizer(name: str) -> pre_tokenizers.PreTokenizer:
     raise ValueError(f"GGUF pre-tokenizer {name!r} is not supported")
 
 
+LONG_TEXT_CHARS = 10_000  # from here on a text is encoded with the GIL released
+
+
 class Tokenizer:
     def __init__(
         self,
@@ -59,7 +62,7 @@ class Tokenizer:
         """Thread-friendly for long texts: `encode_batch` releases the GIL (`encode` holds it,
         so a server tokenizing on a worker thread would still stall its event loop)."""
         check_unicode(text)
-        if len(text) < 10_000:
+        if len(text) < LONG_TEXT_CHARS:
             ids = self.tokenizer.encode(text, add_special_tokens=False).ids
         else:
             ids = self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids

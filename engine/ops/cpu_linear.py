@@ -23,10 +23,10 @@ MKL_MIN_ROWS = 1024  # where MKL's kernel starts to win (measured: README)
 
 
 def padded_rows(rows: int) -> int:
-    """The row count a packed product runs at. torch keeps state for every input shape a packed
-    weight has seen, and never lets it go: a server whose batches take every size from 1 to
-    1023 rows grew by gigabytes. So rows are exact up to 64 (decode batches), then rounded up
-    to 8 steps per power of two (at most 1/8 more rows): 96 shapes in all below MKL_MIN_ROWS."""
+    """The row count a packed product runs at. torch keeps state for each input shape a packed
+    weight has seen, so a server whose batches take every size from 1 to 1023 rows grew by
+    gigabytes. Rows are exact up to 64 (decode batches), then rounded up to 8 steps per power
+    of two (at most 1/8 more rows): 96 shapes in all below MKL_MIN_ROWS."""
     if rows <= 64:
         return rows
     step = 1 << (rows.bit_length() - 4)

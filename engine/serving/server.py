@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from engine.model.tokenizer import Tokenizer
+from engine.model.tokenizer import LONG_TEXT_CHARS, Tokenizer
 from engine.serving.async_engine import AsyncLLMEngine
 from engine.serving.metrics import Histogram, render_page
 from engine.serving.protocol import (
@@ -32,7 +32,6 @@ from engine.serving.streaming import full_response, stream_response
 
 log = logging.getLogger(__name__)
 
-LONG_PROMPT_CHARS = 10_000  # tokenized on a worker thread from this length on
 
 ENGINE_KEY = web.AppKey("engine", AsyncLLMEngine)
 STATE_KEY = web.AppKey("state", "ServerState")
@@ -177,7 +176,7 @@ async def tokenize(
             param=param,
             code="context_length_exceeded",
         )
-    if n_chars < LONG_PROMPT_CHARS:
+    if n_chars < LONG_TEXT_CHARS:
         return encode()
     return await asyncio.to_thread(encode)
 
@@ -188,6 +187,7 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
     streams = []
     base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     tokenizer = engine.engine.tokenizer
+    check_capacity(request, len(parsed.prompts))  # before the work of tokenizing, and again after
     prompts: list[list[int]] = []
     for prompt in parsed.prompts:  # validate every prompt before queueing any
         if isinstance(prompt, str):
