@@ -140,7 +140,11 @@ class Telemetry:
     def _scrape(self, row: dict[str, float]) -> None:
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=1) as r:
-                row |= {f"engine_{k}": v for k, v in parse_gauges(r.read().decode()).items()}
+                gauges = parse_gauges(r.read().decode())
+            rss = gauges.pop("rss_bytes", None)
+            if rss is not None and self._proc is None:  # a server we cannot see: its own word
+                row["server_rss_mb"] = rss / 2**20
+            row |= {f"engine_{k}": v for k, v in gauges.items()}
         except Exception:
             pass
 

@@ -90,3 +90,17 @@ def test_a_vanished_process_and_a_dead_metrics_url_do_not_crash() -> None:
     time.sleep(0.05)
     tel.stop()
     assert tel.summary()["samples"] >= 1
+
+
+def test_a_remote_servers_rss_comes_from_its_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--base-url runs have no process to sample: the server's process_resident_memory_bytes
+    (exported by Prometheus clients, ours and vLLM's) fills the same column."""
+    import io
+    import urllib.request
+
+    page = b"servebench:num_requests_running 2\nprocess_resident_memory_bytes 3221225472.0\n"
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: io.BytesIO(page))
+    tel = Telemetry(pid=None, metrics_url="http://127.0.0.1:1/metrics", interval_s=0.01)
+    row: dict[str, float] = {}
+    tel._scrape(row)
+    assert row == {"server_rss_mb": 3072.0, "engine_running": 2.0}
