@@ -3,7 +3,6 @@ that the server turns into a 4xx with an OpenAI-shaped error body."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +68,10 @@ def _number(body: dict[str, Any], name: str, default: float, lo: float, hi: floa
     try:
         value = float(value)
     except OverflowError:  # an integer of hundreds of digits
-        value = math.inf if value > 0 else -math.inf
+        digits = len(str(abs(value)))
+        raise APIError(
+            f"'{name}' must be in [{lo:g}, {hi:g}], got an integer of {digits} digits", param=name
+        ) from None
     if not lo <= value <= hi:  # also refuses NaN
         raise APIError(f"'{name}' must be in [{lo:g}, {hi:g}], got {value}", param=name)
     return value

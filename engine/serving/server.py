@@ -87,6 +87,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
     except RecursionError as e:
         raise APIError("the body is not valid JSON: it is nested too deeply") from e
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too many digits
+        if str(e).startswith("Exceeds the limit"):  # Python's int-string limit (4,300 digits)
+            raise APIError(f"a number in the body has too many digits: {e}".split(";")[0]) from e
         raise APIError(f"the body is not valid JSON: {e}") from e
     if not isinstance(body, dict):
         raise APIError("the body must be a JSON object")
