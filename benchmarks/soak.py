@@ -57,7 +57,14 @@ async def soak(args: argparse.Namespace, base_url: str) -> list[dict[str, float]
     counts: dict[str, int] = {"ok": 0}
     samples: list[dict[str, float]] = []
     tasks: set[asyncio.Task] = set()
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    # No connection limit for the load (aiohttp's default of 100 would queue requests in this
+    # client once the server falls behind), and its own session for /metrics, so a sample is
+    # never stuck behind the load.
+    connector = aiohttp.TCPConnector(limit=0)
+    async with (
+        aiohttp.ClientSession(timeout=timeout, connector=connector) as session,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as probe,
+    ):
         t0 = time.monotonic()
         end = t0 + args.minutes * 60
         next_sample = t0
@@ -65,7 +72,7 @@ async def soak(args: argparse.Namespace, base_url: str) -> list[dict[str, float]
         while time.monotonic() < end or tasks:
             now = time.monotonic()
             if now >= next_sample or (now >= end and not tasks):
-                g = await scrape(session, metrics_url)
+                g = await scrape(probe, metrics_url)
                 row = {"t_s": now - t0, "rss_mb": g.get("rss_bytes", float("nan")) / 2**20}
                 row |= {"kv_blocks": g.get("kv_blocks_used", 0)}
                 row |= {"done": sum(counts.values()), "errors": sum(counts.values()) - counts["ok"]}
