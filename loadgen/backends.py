@@ -107,24 +107,40 @@ class OpenAIBackend:
                         done = True
                         break
                 if not done and buf.strip():  # a last event without its closing blank line
-                    self._take([buf], clock() - t0, rec, texts, usage)
+                    done = self._take([buf], clock() - t0, rec, texts, usage)
             rec.end_s = clock() - t0
         except asyncio.CancelledError:
             rec.status, rec.error = "cancelled", "the run was stopped"
             rec.end_s = clock() - t0
+            self._keep_partial(rec, texts, usage)
             raise
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
             rec.status, rec.error = "error", f"{type(e).__name__}: {e}" if str(e) else repr(e)
             rec.end_s = clock() - t0
+            self._keep_partial(rec, texts, usage)
             return
         if rec.status == "error":
+            self._keep_partial(rec, texts, usage)
             return
         if not rec.chunk_s:
             rec.status, rec.error = "error", "the stream ended without any output"
             return
-        rec.first_chunk_s = rec.chunk_s[0]
-        rec.status = "ok"
-        self._count_tokens(rec, texts, usage)
+        self._keep_partial(rec, texts, usage)
+        if rec.finish_reason in ("abort", "error"):  # vLLM's and ours: the server gave up
+            rec.status = "error"
+            rec.error = f"the server ended the stream with finish_reason {rec.finish_reason!r}"
+        elif not done and rec.finish_reason is None and not usage:  # usage comes last too
+            rec.status = "error"
+            rec.error = f"the stream was cut after {len(rec.chunk_s)} chunks (no [DONE])"
+        else:
+            rec.status = "ok"
+
+    def _keep_partial(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
+        """What a request got before it ended, finished or not: a failed stream keeps its
+        first-chunk time and token counts (they stay out of the latency figures)."""
+        if rec.chunk_s:
+            rec.first_chunk_s = rec.chunk_s[0]
+            self._count_tokens(rec, texts, usage)
 
     def _take(
         self,
@@ -196,6 +212,13 @@ class OpenAIBackend:
 
 
 _DONE: dict[str, Any] = {}
+
+
+def _keep_streamed(rec: RequestRecord) -> None:
+    """An in-process request cut short keeps what it streamed: first chunk and token count."""
+    if rec.chunk_s:
+        rec.first_chunk_s = rec.chunk_s[0]
+        rec.output_tokens, rec.output_tokens_source = sum(rec.chunk_tokens), "engine"
 
 
 def _sse_data(event: bytes) -> bytes | None:
@@ -290,14 +313,17 @@ class InProcessBackend:
                     rec.error = out.error
         except asyncio.CancelledError:
             rec.status, rec.error, rec.end_s = "cancelled", "the run was stopped", clock() - t0
+            _keep_streamed(rec)
             raise
         except Exception as e:  # a bad request or an engine failure: this request fails
             rec.status, rec.error, rec.end_s = "error", f"{type(e).__name__}: {e}", clock() - t0
+            _keep_streamed(rec)
             return
         rec.end_s = clock() - t0
         rec.prompt_tokens_source = rec.output_tokens_source = "engine"
-        if rec.error or not rec.chunk_s or rec.finish_reason == "abort":
+        if rec.chunk_s:  # kept for failed requests too (they stay out of the latency figures)
+            rec.first_chunk_s = rec.chunk_s[0]
+        if rec.error or not rec.chunk_s or rec.finish_reason in ("abort", "error"):
             rec.status, rec.error = "error", rec.error or f"ended ({rec.finish_reason}) early"
             return
-        rec.first_chunk_s = rec.chunk_s[0]
         rec.status = "ok"

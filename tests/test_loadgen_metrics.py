@@ -184,6 +184,36 @@ def test_done_ends_the_read_and_a_last_unterminated_event_counts() -> None:
     assert r.status == "ok" and r.output_tokens_source == "usage" and r.output_tokens == 2
 
 
+async def _aborted(request: web.Request) -> web.StreamResponse:
+    """A server shutting down: the stream ends normally, its finish_reason says it gave up."""
+    text = _data({"choices": [{"index": 0, "text": "a b"}]})
+    abort = _data({"choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})
+    return await _stream(request, text, abort, b"data: [DONE]\n\n")
+
+
+async def _cut(request: web.Request) -> web.StreamResponse:
+    """A server killed mid-stream: two chunks, then the connection closes, no [DONE]."""
+    resp = await _stream(request, _data({"choices": [{"index": 0, "text": "a"}]}))
+    await resp.write(_data({"choices": [{"index": 0, "text": " b"}]}))
+    request.transport.close()  # type: ignore[union-attr]
+    return resp
+
+
+@pytest.mark.parametrize(
+    ("handler", "error"),
+    [(_aborted, "finish_reason 'abort'"), (_cut, "")],
+)
+def test_aborted_and_cut_streams_fail_and_keep_their_partial_data(
+    handler: Handler, error: str
+) -> None:
+    r = asyncio.run(_serve_and_send(handler, timeout_s=2.0))
+    assert r.status == "error" and error in (r.error or ""), r.error
+    assert r.chunk_s and r.first_chunk_s == r.chunk_s[0]  # kept, not measured
+    assert r.output_tokens >= 1
+    s = summarize([r], 1.0)
+    assert s["completed"] == 0 and s["failed"] == 1 and s["ttft_s"]["count"] == 0
+
+
 async def _slow(request: web.Request) -> web.StreamResponse:
     await asyncio.sleep(3)
     return await _stream(request, b"data: [DONE]\n\n")
