@@ -1,5 +1,7 @@
 """`bench run`: resolve the config, start the target, run the load with a progress bar, print
-and write the results. Exit codes: 0 done, 2 bad input, 130 interrupted."""
+and write the results. Exit codes: 0 done (some requests may have failed: the summary says),
+1 nothing measured (the test request failed, or no request succeeded), 2 bad input,
+128 + the signal's number when interrupted (130 for Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result
 from loadgen.config import RunConfig, build_config, load_profile
-from loadgen.runner import run_event_loop
+from loadgen.runner import ProbeFailed, run_event_loop
 from loadgen.telemetry import Telemetry
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
@@ -35,19 +37,25 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     except ServerStartError as e:
         console.print(f"[bold red]error:[/] the bundled engine did not start: {e}")
         return 2
+    except ProbeFailed as e:
+        console.print(f"[bold red]error:[/] {e}; nothing was measured", highlight=False)
+        return 1
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {e}", highlight=False)
         return 2
     target = cfg.base_url or f"bundled {cfg.model}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     console.print(f"results: {out_dir}/", highlight=False)
-    return exit_code(summary)
+    code = exit_code(summary)
+    if code == 1:
+        console.print("[bold red]error:[/] no request succeeded: nothing was measured")
+    return code
 
 
 def exit_code(summary: dict[str, Any]) -> int:
     if summary["interrupted"]:  # the shell's convention: 128 + the signal's number
         return 128 + (summary["stop_signal"] or signal.SIGINT)
-    return 0
+    return 1 if summary["completed"] == 0 else 0
 
 
 def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:

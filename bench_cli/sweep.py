@@ -36,6 +36,7 @@ from bench_cli.local_server import ServerStartError
 from bench_cli.run_command import exit_code, resolve_config, run_one
 from bench_cli.sweep_table import print_comparison
 from loadgen.config import load_profile
+from loadgen.runner import ProbeFailed
 
 LOAD_AXES = ("rate", "concurrency")
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
@@ -188,6 +189,9 @@ def run_sweep(
                 except (ServerStartError, ValueError, ModelLoadError) as e:
                     console.print(f"[bold red]error at {point.label}:[/] {e}", highlight=False)
                     return 2
+                except ProbeFailed as e:
+                    console.print(f"[bold red]error at {point.label}:[/] {e}", highlight=False)
+                    return 1
                 if summary["interrupted"]:
                     console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
                     _write_csv(sweep_dir, rows, pd)

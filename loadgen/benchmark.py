@@ -20,7 +20,14 @@ from loadgen.metrics import SLO, summarize
 from loadgen.records import RecordWriter
 from loadgen.runner import LoadPlan, LoadRunner, RunOutcome
 from loadgen.traces import read_trace
-from loadgen.workload import PromptBuilder, WorkloadConfig, from_trace, sharegpt, synthetic
+from loadgen.workload import (
+    PromptBuilder,
+    RequestSpec,
+    WorkloadConfig,
+    from_trace,
+    sharegpt,
+    synthetic,
+)
 
 DEFAULT_OUTPUT_LEN = "128"
 
@@ -52,8 +59,11 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         offsets = take_schedule(arrivals.offsets(), cfg.num_requests or len(specs), cfg.duration)
         # The first rows' lengths with other tokens: warm-up must not prefill the cache with
         # the very prompts (and hash blocks) the measured requests then hit.
-        warmup = from_trace(trace, builder, warmup_seed)[: cfg.warmup]
-        plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup)
+        warm_specs = from_trace(trace, builder, warmup_seed)
+        warmup = warm_specs[: cfg.warmup]
+        plan = LoadPlan(
+            iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe_of(warm_specs[0])
+        )
         return BuiltPlan(plan, arrivals, info)
 
     if cfg.dataset:
@@ -72,17 +82,30 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
     # The streams are generators: pull a request now, so a bad file or setting fails here,
     # before any server starts, not in the middle of the run.
     stream = itertools.chain([next(stream)], stream)
+    probe = probe_of(next(warm))
     warmup = list(itertools.islice(warm, cfg.warmup))
     if cfg.closed_loop:
         plan = LoadPlan(
-            stream, None, cfg.concurrency, cfg.num_requests, cfg.duration, warmup=warmup
+            stream,
+            None,
+            cfg.concurrency,
+            cfg.num_requests,
+            cfg.duration,
+            warmup=warmup,
+            probe=probe,
         )
         return BuiltPlan(plan, None, info)
     assert cfg.rate is not None
     arrivals = Arrivals(cfg.arrival, cfg.rate, cfg.burstiness, cfg.seed)
     offsets = take_schedule(arrivals.offsets(), cfg.num_requests, cfg.duration)
     specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
-    return BuiltPlan(LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup), arrivals, info)
+    plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe)
+    return BuiltPlan(plan, arrivals, info)
+
+
+def probe_of(spec: RequestSpec) -> RequestSpec:
+    """The test request: a real prompt of the run's kind, a few tokens long."""
+    return dataclasses.replace(spec, output_len=min(spec.output_len, 4))
 
 
 async def run_benchmark(

@@ -31,6 +31,7 @@ class LoadPlan:
     num_requests: int | None = None  # closed loop's limits (an open loop's are in offsets)
     duration_s: float | None = None
     warmup: list[RequestSpec] = field(default_factory=list)
+    probe: RequestSpec | None = None  # one test request before anything else (as vLLM's bench)
 
     def __post_init__(self) -> None:
         if self.offsets is None and not self.concurrency:
@@ -43,6 +44,10 @@ class LoadPlan:
     @property
     def total(self) -> int | None:
         return len(self.offsets) if self.offsets is not None else self.num_requests
+
+
+class ProbeFailed(RuntimeError):
+    """The test request before the load failed: nothing was measured."""
 
 
 @dataclass(slots=True)
@@ -121,8 +126,11 @@ class LoadRunner:
             task.cancel()
 
     async def run(self) -> RunOutcome:
+        """Raises ProbeFailed, before any load, when the test request fails."""
         await self.backend.start()
         try:
+            if self.plan.probe is not None and not self._stopped:
+                await self._probe(self.plan.probe)
             if self.plan.warmup and not self._stopped:
                 await self._warmup()
             # Everything built so far (prompts, schedule, warm-up state) lives to the end: move
@@ -150,6 +158,16 @@ class LoadRunner:
             gc.unfreeze()
             await self.backend.close()
         return RunOutcome(self.records, self.warmup_records, elapsed, self._stopped, self.t0)
+
+    async def _probe(self, spec: RequestSpec) -> None:
+        """One request alone, not measured: a wrong URL, model or key fails here, with the
+        server's own message, instead of as every request of the run."""
+        rec = RequestRecord(-1, f"{self.run_id}-probe", spec.input_len, spec.output_len, True)
+        await self.backend.send(spec, rec, time.perf_counter())
+        if not rec.ok:
+            where = getattr(self.backend, "url", self.backend.name)
+            status = f" (HTTP {rec.http_status})" if rec.http_status else ""
+            raise ProbeFailed(f"the test request to {where} failed{status}: {rec.error}")
 
     async def _warmup(self) -> None:
         """Warm-up requests, before the clock starts, at most `concurrency` at a time."""

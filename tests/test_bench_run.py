@@ -169,3 +169,19 @@ def test_a_results_folder_is_never_reused(tmp_path: Path) -> None:
     (tmp_path / "run" / "requests.jsonl").write_text("{}\n")
     rc, printed, _ = bench_run(tmp_path)
     assert rc == 2 and "already holds files" in printed
+
+
+def test_a_failing_test_request_stops_the_run_before_any_load(tmp_path: Path) -> None:
+    rc, printed, out = bench_run(tmp_path, base_url="http://127.0.0.1:9/v1", model="m")
+    assert rc == 1, printed
+    assert "test request to http://127.0.0.1:9/v1/completions failed" in printed
+    assert "nothing was measured" in printed
+    assert not (out / "requests.jsonl").exists() or not (out / "requests.jsonl").read_text()
+
+
+def test_a_run_where_nothing_succeeded_exits_1() -> None:
+    from bench_cli.run_command import exit_code
+
+    assert exit_code({"interrupted": False, "completed": 0}) == 1
+    assert exit_code({"interrupted": False, "completed": 3}) == 0
+    assert exit_code({"interrupted": True, "completed": 0, "stop_signal": 15}) == 143
