@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import json
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,4 +145,6 @@ async def run_benchmark(
     summary["interrupted"] = outcome.interrupted
     summary["stop_signal"] = runner.stop_signal
     summary["warmup_requests"] = len(outcome.warmup)
+    if runner.probe_record is not None:  # the server saw it too (its steps, its counters)
+        summary["test_request"] = json.loads(runner.probe_record.to_json())
     return summary, outcome

@@ -108,6 +108,7 @@ class LoadRunner:
         self.progress = Progress(total=plan.total)
         self.records: list[RequestRecord] = []
         self.warmup_records: list[RequestRecord] = []
+        self.probe_record: RequestRecord | None = None  # the test request, not measured
         self._tasks: set[asyncio.Task] = set()
         self._dispatcher: asyncio.Task | None = None
         self._unfinished: dict[str, RequestRecord] = {}  # made, not yet recorded
@@ -163,6 +164,7 @@ class LoadRunner:
         """One request alone, not measured: a wrong URL, model or key fails here, with the
         server's own message, instead of as every request of the run."""
         rec = RequestRecord(-1, f"{self.run_id}-probe", spec.input_len, spec.output_len, True)
+        self.probe_record = rec
         await self.backend.send(spec, rec, time.perf_counter())
         if not rec.ok:
             where = getattr(self.backend, "url", self.backend.name)
