@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -27,7 +28,20 @@ def run_dir(out: str | None, name: str) -> Path:
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    """Strict JSON: an infinite float (`--rate inf`) is written "inf", NaN null (json.dumps
+    would write the bare tokens Infinity and NaN, which JSON parsers other than Python's refuse)."""
+    text = json.dumps(_finite(data), indent=2, default=str, allow_nan=False)
+    path.write_text(text + "\n")
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:

@@ -62,6 +62,10 @@ def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
     from engine.config import engine_arg_names
 
     cfg = build_config(profile, flags, engine_arg_names())
+    if cfg.base_url:  # with or without /v1, as vLLM's bench takes it; config.json says which
+        from loadgen.backends import resolve_base_url
+
+        cfg.base_url = resolve_base_url(cfg.base_url, cfg.api_key)
     cfg.model = cfg.model or _default_model(cfg)
     return cfg
 

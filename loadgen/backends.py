@@ -227,6 +227,28 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
+def resolve_base_url(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> str:
+    """The OpenAI API root to send to: `http://host:port/v1` as given, or `http://host:port`
+    (vLLM's bench convention) when `/v1/models` answers there. Unreachable URLs are left as
+    they are: the test request then fails naming them."""
+    import urllib.error
+    import urllib.request
+
+    url = base_url.rstrip("/")
+    if url.endswith("/v1"):
+        return url
+    req = urllib.request.Request(f"{url}/v1/models")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s):
+            return f"{url}/v1"
+    except urllib.error.HTTPError as e:
+        return f"{url}/v1" if e.code in (401, 403) else url  # there, but wants a key
+    except (OSError, ValueError):
+        return url
+
+
 def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> list[str]:
     """The model ids a server lists at /v1/models (what `vllm bench serve` uses when no model
     is named)."""

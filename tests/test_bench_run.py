@@ -69,8 +69,12 @@ def test_run_against_the_bundled_engine(tmp_path: Path, target: str, flags: dict
     assert config["versions"]["torch"] and "cpu_count" in config["hardware"]
     assert len(pd.read_csv(out / "summary.csv")) == 1
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
-    assert sum(s["decode_tokens"] for s in steps) == 14 * 5  # the first token is prefill's
-    assert sum(s["prefill_tokens"] for s in steps) == sum(r["prompt_tokens"] for r in records)
+    probe = summary["test_request"]  # sent before the load; the engine computed it too
+    assert probe["status"] == "ok" and probe["output_tokens"] == 4
+    # The first token of each request is prefill's.
+    assert sum(s["decode_tokens"] for s in steps) == 14 * 5 + probe["output_tokens"] - 1
+    prompts = sum(r["prompt_tokens"] for r in records) + probe["prompt_tokens"]
+    assert sum(s["prefill_tokens"] for s in steps) == prompts
     measured_steps = [s for s in steps if s["t"] >= summary["clock_t0"]]
     assert 0 < len(measured_steps) < len(steps)  # warm-up steps came before t0
     page = (out / "report.html").read_text()
@@ -185,3 +189,39 @@ def test_a_run_where_nothing_succeeded_exits_1() -> None:
     assert exit_code({"interrupted": False, "completed": 0}) == 1
     assert exit_code({"interrupted": False, "completed": 3}) == 0
     assert exit_code({"interrupted": True, "completed": 0, "stop_signal": 15}) == 143
+
+
+def test_base_url_with_or_without_v1(tmp_path: Path, mock_server: Callable[..., str]) -> None:
+    url = mock_server("--ttft", "0.001", "--itl", "0.001")  # .../v1
+    root = url.removesuffix("/v1")
+    for given in (url, root, root + "/"):
+        out = tmp_path / given.replace("/", "_").replace(":", "_")
+        flags = {"base_url": given, "model": "mock", "warmup": 0, "num_requests": 3}
+        rc, printed, run = bench_run(out, **flags)
+        assert rc == 0, printed
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["completed"] == 3
+        assert summary["config"]["target"]["base_url"] == url
+
+
+def test_results_are_strict_json_even_for_an_infinite_rate(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    from bench_cli.export import write_json
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"not JSON: {c}"))
+
+    url = mock_server("--ttft", "0.001", "--itl", "0.001")
+    flags = {"base_url": url, "model": "mock", "warmup": 0, "num_requests": 4}
+    rc, printed, run = bench_run(tmp_path, rate=float("inf"), **flags)
+    assert rc == 0, printed
+    assert strict((run / "summary.json").read_text())["config"]["run"]["rate"] == "inf"
+    strict((run / "config.json").read_text())
+
+    write_json(tmp_path / "x.json", {"rate": float("inf"), "p": [float("nan"), 1.5], "n": -1e999})
+    assert strict((tmp_path / "x.json").read_text()) == {
+        "rate": "inf",
+        "p": [None, 1.5],
+        "n": "-inf",
+    }
