@@ -3,7 +3,7 @@ output lengths against `bench serve` (started here, or any server at --base-url)
 prints the server's RSS every --sample-s seconds (from /metrics' process_resident_memory_bytes),
 its slope per minute over the first and the second half, KV blocks in use and errors.
 
-    python benchmarks/soak.py --minutes 10                       # SmolLM2, 0.8 req/s, 32 seats
+    python benchmarks/soak.py --minutes 10          # SmolLM2, 0.8 req/s, 32-512 in, 8-96 out
     python benchmarks/soak.py --model tiny-smollm2 --rate 20 --minutes 3
     python benchmarks/soak.py --env SERVEBENCH_MALLOPT=0 --env MALLOC_ARENA_MAX=8
 
@@ -21,15 +21,12 @@ import time
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_cli.local_server import LocalServer
 from loadgen.telemetry import parse_gauges
-
-
-def span(text: str) -> tuple[int, int]:
-    lo, hi = (int(x) for x in text.split(":"))
-    return lo, hi
+from loadgen.workload import LengthDist
 
 
 async def scrape(session: aiohttp.ClientSession, metrics_url: str) -> dict[str, float]:
@@ -52,6 +49,7 @@ async def one_request(
 
 async def soak(args: argparse.Namespace, base_url: str) -> list[dict[str, float]]:
     rng = random.Random(args.seed)
+    lengths = np.random.default_rng(args.seed)
     metrics_url = base_url.removesuffix("/v1") + "/metrics"
     timeout = aiohttp.ClientTimeout(total=600)
     counts: dict[str, int] = {"ok": 0}
@@ -86,12 +84,12 @@ async def soak(args: argparse.Namespace, base_url: str) -> list[dict[str, float]
                 if now >= end and not tasks:
                     break
             if now < end and now >= next_send:
-                lo, hi = args.input_len
-                prompt = [rng.randrange(100, 30000) for _ in range(rng.randint(lo, hi))]
+                n_in = args.input_len.sample(lengths)
+                prompt = [rng.randrange(100, 30000) for _ in range(n_in)]
                 body = {
                     "model": args.served_name,
                     "prompt": prompt,
-                    "max_tokens": rng.randint(*args.output_len),
+                    "max_tokens": args.output_len.sample(lengths),
                     "ignore_eos": True,
                     "stream": rng.random() < 0.5,
                     "temperature": rng.choice([0.0, 0.7]),
@@ -125,8 +123,9 @@ def main() -> None:
     ap.add_argument("--base-url", help="an OpenAI-compatible server (with /metrics) to soak")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--rate", type=float, default=0.8, help="requests per second (Poisson)")
-    ap.add_argument("--input-len", type=span, default=(32, 512), help="uniform lo:hi tokens")
-    ap.add_argument("--output-len", type=span, default=(8, 96), help="uniform lo:hi tokens")
+    lengths = "tokens, as bench run takes them: N, uniform:lo:hi, normal:m:s, lognormal:m:s"
+    ap.add_argument("--input-len", type=LengthDist.parse, default="uniform:32:512", help=lengths)
+    ap.add_argument("--output-len", type=LengthDist.parse, default="uniform:8:96", help=lengths)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--sample-s", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -138,7 +137,9 @@ def main() -> None:
         os.environ[key] = value
     print(
         f"soak: {args.model}, {args.rate} req/s for {args.minutes} min, input "
-        f"{args.input_len}, output {args.output_len}, env {args.env or 'as is'}"
+        f"{args.input_len.kind} {args.input_len.a:g}/{args.input_len.b:g}, output "
+        f"{args.output_len.kind} {args.output_len.a:g}/{args.output_len.b:g}, env "
+        f"{args.env or 'as is'}"
     )
     if args.base_url:
         samples = asyncio.run(soak(args, args.base_url.rstrip("/")))

@@ -44,11 +44,7 @@ def render_page(
     the `servebench:` prefix; `labels` become one info-style `servebench:config` gauge."""
     lines = []
     for name, (kind, value, help_) in values.items():
-        lines += [
-            f"# HELP servebench:{name} {help_}",
-            f"# TYPE servebench:{name} {kind}",
-            f"servebench:{name} {value}",
-        ]
+        lines += sample(f"servebench:{name}", kind, value, help_)
     for name, (hist, help_) in histograms.items():
         lines += hist.render(f"servebench:{name}", help_)
     lines += process_metrics()
@@ -83,8 +79,13 @@ def process_metrics() -> list[str]:
         }
     lines = []
     for name, (kind, value, help_) in values.items():
-        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        lines += sample(name, kind, value, help_)
     return lines
+
+
+def sample(name: str, kind: str, value: float, help_: str) -> list[str]:
+    """One gauge or counter: its HELP and TYPE lines and its value."""
+    return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
 
 
 def label_value(value: Any) -> str:
