@@ -30,7 +30,7 @@ from loadgen.workload import (
     synthetic,
 )
 
-DEFAULT_OUTPUT_LEN = "128"
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = "256", "128"
 
 
 @dataclass(slots=True)
@@ -54,13 +54,13 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
             "skipped_failed": trace.skipped_failed,
             "skipped_model": trace.skipped_model,
         }
-        specs = from_trace(trace, builder, cfg.seed)
+        specs = from_trace(trace, builder, cfg.seed, cfg.output_len)
         stamps = tuple(row.timestamp_s for row in trace.rows)
         arrivals = Arrivals("trace", trace_offsets=stamps, time_scale=cfg.time_scale)
         offsets = take_schedule(arrivals.offsets(), cfg.num_requests or len(specs), cfg.duration)
         # The first rows' lengths with other tokens: warm-up must not prefill the cache with
         # the very prompts (and hash blocks) the measured requests then hit.
-        warm_specs = from_trace(trace, builder, warmup_seed)
+        warm_specs = from_trace(trace, builder, warmup_seed, cfg.output_len)
         warmup = warm_specs[: cfg.warmup]
         plan = LoadPlan(
             iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe_of(warm_specs[0])
@@ -74,10 +74,8 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         stream = sharegpt(path, tokenizer, cfg.seed, cfg.output_len)
         warm = sharegpt(path, tokenizer, warmup_seed, cfg.output_len)
     else:
-        out_len = cfg.output_len or DEFAULT_OUTPUT_LEN
-        wl = WorkloadConfig(
-            cfg.input_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed
-        )
+        in_len, out_len = cfg.input_len or DEFAULT_INPUT_LEN, cfg.output_len or DEFAULT_OUTPUT_LEN
+        wl = WorkloadConfig(in_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed)
         stream = synthetic(wl, builder)
         warm = synthetic(dataclasses.replace(wl, seed=warmup_seed), builder)
     # The streams are generators: pull a request now, so a bad file or setting fails here,
@@ -97,7 +95,7 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         )
         return BuiltPlan(plan, None, info)
     assert cfg.rate is not None
-    arrivals = Arrivals(cfg.arrival, cfg.rate, cfg.burstiness, cfg.seed)
+    arrivals = Arrivals(cfg.arrival, cfg.rate, cfg.burstiness or 1.0, cfg.seed)
     offsets = take_schedule(arrivals.offsets(), cfg.num_requests, cfg.duration)
     specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
     plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe)

@@ -19,13 +19,15 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 # A profile key is dropped when a flag gives one of the keys it maps to: `--concurrency 8`
 # over a Poisson profile is a closed loop (not Poisson capped at 8) unless --rate is given
 # too; `--duration 60` is not also cut at the profile's request count (nor the other way
-# round); a trace is replayed whole and a dataset gives its own output lengths unless the
-# flags say otherwise.
+# round); a trace is replayed whole at its own times and lengths, and a dataset gives its
+# own prompts and output lengths, unless the flags say otherwise.
 DROPPED_BY = {
-    "rate": ("concurrency",),
+    "arrival": ("trace",),
+    "rate": ("concurrency", "trace"),
     "num_requests": ("duration", "trace"),
     "duration": ("num_requests", "trace"),
-    "output_len": ("dataset",),
+    "input_len": ("trace", "dataset"),
+    "output_len": ("trace", "dataset"),
 }
 
 
@@ -43,7 +45,7 @@ class RunConfig:
     # arrivals
     arrival: str = "poisson"
     rate: float | None = None
-    burstiness: float = 1.0
+    burstiness: float | None = None  # gamma only; None: 1 (Poisson)
     concurrency: int | None = None
     trace: str | None = None
     trace_format: str = "jsonl"
@@ -54,8 +56,8 @@ class RunConfig:
     warmup: int = 0
     seed: int = 0
     # workload
-    input_len: str = "256"
-    output_len: str | None = None  # None: 128, or with --dataset the reply's length
+    input_len: str | None = None  # None: 256; a trace or dataset gives its own
+    output_len: str | None = None  # None: 128; a trace or dataset gives its own
     dataset: str | None = None
     shared_prefix_len: int = 0
     num_prefix_groups: int = 1
@@ -82,12 +84,22 @@ class RunConfig:
             if self.trace_format not in TRACE_FORMATS:
                 known = ", ".join(TRACE_FORMATS)
                 raise ValueError(f"trace format {self.trace_format!r}: expected one of {known}")
+            if self.rate is not None:
+                raise ValueError("a trace sets its own times: use --time-scale, not --rate")
+            if self.input_len is not None:
+                raise ValueError("a trace gives the prompt lengths: --input-len cannot go with it")
+        elif self.trace:
+            raise ValueError(f"--trace is replayed by --arrival trace, not {self.arrival}")
         elif self.rate is None and self.concurrency is None:
             raise ValueError(
                 f"{self.arrival} arrivals need --rate R (or --concurrency C alone: a closed loop)"
             )
         if self.arrival == "trace" and self.dataset:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
+        if self.dataset and self.input_len is not None:
+            raise ValueError("a dataset gives the prompts: --input-len cannot go with --dataset")
+        if self.burstiness is not None and self.arrival != "gamma":
+            raise ValueError(f"--burstiness shapes gamma arrivals; {self.arrival} has none")
         if self.num_requests is None and self.duration is None and self.arrival != "trace":
             raise ValueError("give --num-requests N and/or --duration S")
         for key in ("num_requests", "warmup", "concurrency"):
@@ -111,7 +123,7 @@ class RunConfig:
         SLO.parse(self.slo)  # a typo must fail now, not after the whole run
         for key in ("input_len", "output_len"):
             value = getattr(self, key)
-            if value is not None and not (self.dataset and key == "input_len"):
+            if value is not None:
                 LengthDist.parse(value)
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,6 +158,10 @@ def build_config(
     names = {f.name for f in dataclasses.fields(RunConfig)} - {"engine"}
     given = {k for k, v in flags.items() if v is not None}
     profile = {k: v for k, v in profile.items() if given.isdisjoint(DROPPED_BY.get(k, ()))}
+    if "trace" in given and "arrival" not in given:
+        flags = flags | {"arrival": "trace"}  # --trace FILE alone replays the trace
+    if flags.get("arrival") not in (None, "trace"):  # the profile's trace is not replayed
+        profile = {k: v for k, v in profile.items() if not k.startswith(("trace", "time_scale"))}
     cfg = RunConfig()
     for source, values in (("profile", profile), ("flag", flags)):
         for key, value in values.items():
@@ -157,6 +173,8 @@ def build_config(
                 setattr(cfg, key, _coerce(key, value))
             if key in engine_names:
                 cfg.engine[key] = value
+    if "burstiness" not in given and cfg.arrival != "gamma":
+        cfg.burstiness = None  # a gamma profile's shape, moot once --arrival changes it
     cfg.validate()
     return cfg
 

@@ -138,11 +138,16 @@ def synthetic(cfg: WorkloadConfig, builder: PromptBuilder) -> Iterator[RequestSp
         yield RequestSpec(builder.text(picks), len(picks), out.sample(rng))
 
 
-def from_trace(trace: Trace, builder: PromptBuilder, seed: int) -> list[RequestSpec]:
+def from_trace(
+    trace: Trace, builder: PromptBuilder, seed: int, output_len: str | None = None
+) -> list[RequestSpec]:
     """One request per trace row. Mooncake hash ids become 512-token blocks, the same ids for
-    the same hash id in every request, so the trace's prefix sharing is replayed exactly."""
+    the same hash id in every request, so the trace's prefix sharing is replayed exactly.
+    `output_len` (a length spec) replaces the trace's output lengths."""
     blocks: dict[int, list[int]] = {}
     rng = np.random.default_rng([seed, 2])
+    out_rng = np.random.default_rng([seed, 4])  # the prompts stay those of the trace alone
+    fixed_out = LengthDist.parse(output_len) if output_len is not None else None
     specs = []
     for row in trace.rows:
         if row.hash_ids:
@@ -154,7 +159,8 @@ def from_trace(trace: Trace, builder: PromptBuilder, seed: int) -> list[RequestS
             picks = picks[: row.input_len]
         else:
             picks = builder.tokens(row.input_len, rng)
-        specs.append(RequestSpec(builder.text(picks), len(picks), row.output_len))
+        n_out = fixed_out.sample(out_rng) if fixed_out else row.output_len
+        specs.append(RequestSpec(builder.text(picks), len(picks), n_out))
     return specs
 
 

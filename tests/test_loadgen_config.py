@@ -266,3 +266,47 @@ def test_a_trace_flag_replays_the_whole_trace_and_a_dataset_its_own_lengths() ->
     assert (cfg.num_requests, cfg.duration) == (None, None)
     cfg = build_config(load_profile("default"), {"dataset": "sharegpt:x.json"}, ENGINE)
     assert cfg.output_len is None  # the replies' lengths, not the profile's 64
+
+
+# ---- no flag is silently ignored (issue 17, defect 4) -----------------------------------------
+
+
+def test_a_trace_flag_alone_replays_the_trace_over_a_poisson_profile() -> None:
+    """Before, `--trace FILE` without `--arrival trace` ran the profile's Poisson load while
+    config.json recorded the trace."""
+    cfg = build_config(load_profile("default"), {"trace": "t.jsonl"}, ENGINE)
+    assert (cfg.arrival, cfg.trace, cfg.rate, cfg.input_len, cfg.output_len) == (
+        "trace",
+        "t.jsonl",
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"arrival": "poisson", "rate": 1.0, "num_requests": 5, "trace": "t.jsonl"}, "not poisson"),
+        ({"trace": "t.jsonl", "input_len": "64"}, "--input-len cannot go with it"),
+        ({"trace": "t.jsonl", "rate": 2.0}, "use --time-scale, not --rate"),
+        ({**BASE, "dataset": "sharegpt:x.json", "input_len": "64"}, "--input-len cannot go"),
+        ({**BASE, "burstiness": 0.5}, "--burstiness shapes gamma arrivals; poisson has none"),
+    ],
+)
+def test_a_flag_that_would_be_ignored_is_refused(flags: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_config(load_profile("default"), flags, ENGINE)
+
+
+def test_the_recorded_config_says_what_was_used() -> None:
+    """A gamma profile's shape does not survive `--arrival poisson`; a trace profile's file
+    does not survive `--arrival constant`; the default lengths are not claimed for a trace."""
+    gamma = {**BASE, "arrival": "gamma", "burstiness": 0.5}
+    assert build_config(gamma, {}, ENGINE).burstiness == 0.5
+    assert build_config(gamma, {"arrival": "poisson"}, ENGINE).burstiness is None
+    assert build_config(gamma, {"arrival": "gamma"}, ENGINE).burstiness == 0.5
+    traced = {"arrival": "trace", "trace": "t.jsonl", "time_scale": 0.5}
+    cfg = build_config(traced, {"arrival": "constant", **BASE}, ENGINE)
+    assert (cfg.trace, cfg.time_scale) == (None, 1.0)
+    assert build_config(traced, {}, ENGINE).to_dict()["input_len"] is None

@@ -210,3 +210,18 @@ def test_trace_whose_rows_are_all_skipped_is_an_error(tmp_path: Path) -> None:
 def test_model_filter_on_another_format_is_an_error() -> None:
     with pytest.raises(TraceError, match="burstgpt"):
         read_trace(AZURE, "azure", model="GPT-4")
+
+
+def test_an_output_len_flag_replaces_the_traces_output_lengths() -> None:
+    """Before, `--output-len` with a trace was recorded in config.json and not used."""
+    from engine.model.loader import load_tokenizer
+    from loadgen.traces import Trace, TraceRow
+    from loadgen.workload import PromptBuilder, from_trace
+
+    trace = Trace([TraceRow(0.1 * i, 8 + i, 100 + i) for i in range(4)])
+    builder = PromptBuilder(load_tokenizer("smollm2-135m"))
+    own = from_trace(trace, builder, seed=0)
+    fixed = from_trace(trace, builder, seed=0, output_len="7")
+    assert [s.output_len for s in own] == [100, 101, 102, 103]
+    assert [s.output_len for s in fixed] == [7] * 4
+    assert [s.prompt for s in fixed] == [s.prompt for s in own]  # the same prompts
