@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from bench_cli.sweep_grid import grid
 from loadgen.records import RequestRecord, read_records
 
 Figure = go.Figure
@@ -360,8 +361,6 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
     plan = json.loads((sweep / "sweep.json").read_text())
     axes = list(plan["axes"])
     load = next((a for a in axes if a in ("rate", "concurrency")), None)
-    from bench_cli.sweep import grid
-
     setting_keys = list(dict.fromkeys(k for p in grid(plan["axes"]) for k in p.settings))
     figs = sweep_figures(table, axes, load, setting_keys)
     keep = [c for c in table.columns if not c.endswith((".std", ".p50", ".p90", ".mean"))]

@@ -19,12 +19,9 @@ and `--resume DIR` skips it."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
-import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +31,10 @@ from rich.console import Console
 from bench_cli.export import run_dir, write_json
 from bench_cli.local_server import ServerStartError
 from bench_cli.run_command import exit_code, resolve_config, run_one
+from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_table import print_comparison
-from loadgen.config import load_profile
 from loadgen.runner import ProbeFailed
 
-LOAD_AXES = ("rate", "concurrency")
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
 # loadgen.metrics.DISTRIBUTIONS and STATS, so the CSV stays readable.
 KEPT_DISTRIBUTIONS = ("ttft_s", "itl_s", "tpot_s", "e2e_s", "ttft_with_queue_s", "schedule_lag_s")
@@ -56,52 +52,6 @@ SCALARS = (
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 T975 += (2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064)
 T975 += (2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-@dataclass(frozen=True, slots=True)
-class SweepPoint:
-    index: int
-    values: dict[str, Any]  # axis -> value (a bundle: its label)
-    settings: dict[str, Any]  # what the point's runs get: the values, bundles spread out
-
-    @property
-    def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.values.items())
-
-    @property
-    def dirname(self) -> str:
-        slug = "_".join(f"{k}-{v}" for k, v in self.values.items())
-        return f"p{self.index:02d}-" + re.sub(r"[^A-Za-z0-9_.-]+", "", slug)[:80]
-
-
-def load_sweep(profile: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """A profile's plain keys and its sweep axes."""
-    data = load_profile(profile)
-    axes = data.pop("sweep", None)
-    if not isinstance(axes, dict) or not axes:
-        raise ValueError(f"profile {profile!r} has no [sweep] table of lists to sweep over")
-    for key, values in axes.items():
-        if not isinstance(values, list) or not values:
-            raise ValueError(f"profile {profile!r}: sweep.{key} must be a non-empty list")
-        if key in LOAD_AXES and any(isinstance(v, dict) for v in values):
-            raise ValueError(f"profile {profile!r}: sweep.{key} is the load axis: numbers only")
-    return data, axes
-
-
-def grid(axes: dict[str, list[Any]]) -> list[SweepPoint]:
-    keys = list(axes)
-    points = []
-    for i, combo in enumerate(itertools.product(*(axes[k] for k in keys))):
-        values, settings = {}, {}
-        for key, value in zip(keys, combo, strict=True):
-            if isinstance(value, dict):
-                bundle = {k: v for k, v in value.items() if k != "label"}
-                values[key] = value.get("label") or ",".join(f"{k}={v}" for k, v in bundle.items())
-                settings |= bundle
-            else:
-                values[key] = settings[key] = value
-        points.append(SweepPoint(i, values, settings))
-    return points
 
 
 def t975(df: int) -> float:

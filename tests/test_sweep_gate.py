@@ -3,6 +3,7 @@ and `bench gate` (pass, fail, direction, unusable input)."""
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import os
@@ -16,7 +17,8 @@ from typer.testing import CliRunner
 
 from bench_cli.app import app
 from bench_cli.gate import Limit, check
-from bench_cli.sweep import aggregate, grid, load_sweep, run_sweep, t975
+from bench_cli.sweep import aggregate, run_sweep, t975
+from bench_cli.sweep_grid import grid, load_sweep
 from engine.config import EngineConfig, engine_arg_names
 from loadgen.config import PROFILE_DIR, build_config, load_profile
 
@@ -275,6 +277,27 @@ def test_gate_ratios_inside_one_sweep(tmp_path: Path) -> None:
         assert rc == 2 and message in out, out
     rc, out = gate(str(sweep_dir))
     assert rc == 2 and "nothing to check" in out
+
+
+def test_bench_cli_has_no_import_cycle() -> None:
+    """Every import counts, those inside functions too: a circle means two modules that can
+    only be understood (and loaded) together."""
+    package = Path(__file__).resolve().parent.parent / "bench_cli"
+    imports: dict[str, set[str]] = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        found |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imports[f"bench_cli.{path.stem}"] = {m for m in found if m.startswith("bench_cli.")}
+
+    def reaches(start: str, seen: set[str]) -> set[str]:
+        for m in imports.get(start, set()) - seen:
+            seen.add(m)
+            reaches(m, seen)
+        return seen
+
+    circles = sorted(m for m in imports if m in reaches(m, set()))
+    assert circles == [], f"modules on an import circle: {circles}"
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
