@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
@@ -47,6 +48,8 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     console.print(f"results: {out_dir}/", highlight=False)
     code = exit_code(summary)
+    if summary.get("stopped_early"):
+        console.print(f"[bold red]error:[/] {escape(summary['stopped_early'])}", highlight=False)
     if code == 1:
         console.print("[bold red]error:[/] no request succeeded: nothing was measured")
     return code

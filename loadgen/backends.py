@@ -96,6 +96,8 @@ class OpenAIBackend:
                 rec.http_status = resp.status
                 if resp.status != 200:
                     rec.status, rec.error = "error", _error_message(await resp.text())
+                    if resp.status == 404:  # a wrong path or model: say where it went
+                        rec.error += f" (POST {self.url})"
                     return
                 buf, done = b"", False
                 # Read whatever has arrived and split it into events ourselves: one await per
@@ -116,6 +118,8 @@ class OpenAIBackend:
             raise
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
             rec.status, rec.error = "error", f"{type(e).__name__}: {e}" if str(e) else repr(e)
+            if isinstance(e, aiohttp.ClientConnectionError | TimeoutError):
+                rec.error += f" (POST {self.url})"
             rec.end_s = clock() - t0
             self._keep_partial(rec, texts, usage)
             return

@@ -142,6 +142,7 @@ async def run_benchmark(
     )
     summary["interrupted"] = outcome.interrupted
     summary["stop_signal"] = runner.stop_signal
+    summary["stopped_early"] = outcome.stopped_early
     summary["warmup_requests"] = len(outcome.warmup)
     if runner.probe_record is not None:  # the server saw it too (its steps, its counters)
         summary["test_request"] = json.loads(runner.probe_record.to_json())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import re
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from loadgen.workload import RequestSpec
 
 T = TypeVar("T")
 SPIN_S = 0.0015  # measured: without the spin a 1,600 req/s schedule falls 100 ms behind
+FAIL_FAST = 10  # the first this many measured requests all failing alike stops the run
 
 
 @dataclass(slots=True)
@@ -69,6 +71,7 @@ class RunOutcome:
     elapsed_s: float  # from the first scheduled send to the last request's end
     interrupted: bool
     t0: float = 0.0  # perf_counter() at the first scheduled send: the records' zero
+    stopped_early: str | None = None  # why the run stopped itself before its whole load
 
     def __repr__(self) -> str:
         return f"RunOutcome({len(self.records)} records, {self.elapsed_s:.2f} s)"
@@ -114,6 +117,8 @@ class LoadRunner:
         self._unfinished: dict[str, RequestRecord] = {}  # made, not yet recorded
         self._stopped = False
         self.stop_signal: int | None = None
+        self.stopped_early: str | None = None
+        self._first_errors: set[str] = set()  # while nothing has succeeded yet
         self.t0 = 0.0
         self.next_send: float | None = None  # open loop: perf_counter() of the next send
 
@@ -158,7 +163,10 @@ class LoadRunner:
                 self._finish(rec)
             gc.unfreeze()
             await self.backend.close()
-        return RunOutcome(self.records, self.warmup_records, elapsed, self._stopped, self.t0)
+        interrupted = self._stopped and self.stopped_early is None
+        return RunOutcome(
+            self.records, self.warmup_records, elapsed, interrupted, self.t0, self.stopped_early
+        )
 
     async def _probe(self, spec: RequestSpec) -> None:
         """One request alone, not measured: a wrong URL, model or key fails here, with the
@@ -279,3 +287,19 @@ class LoadRunner:
             self.progress.failed += not rec.ok
         if self.on_record is not None:
             self.on_record(rec)
+        if not rec.warmup and rec.status == "error":
+            self._fail_fast(rec)
+
+    def _fail_fast(self, rec: RequestRecord) -> None:
+        """Stop when the first FAIL_FAST measured requests all failed the same way (the server
+        went away, or refuses them all): the rest would fail too, and take as long."""
+        if self.progress.completed or self._stopped or self.progress.failed > FAIL_FAST:
+            return
+        self._first_errors.add(re.sub(r"\d+", "N", rec.error or ""))
+        more_to_send = self.plan.total is None or self.plan.total > FAIL_FAST
+        if self.progress.failed == FAIL_FAST and len(self._first_errors) == 1 and more_to_send:
+            self.stopped_early = (
+                f"the first {FAIL_FAST} requests all failed alike ({rec.error}); "
+                "stopped before sending the rest"
+            )
+            self.stop()

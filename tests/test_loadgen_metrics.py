@@ -246,6 +246,7 @@ def test_a_refused_connection_is_a_failed_record() -> None:
 
     r = asyncio.run(go())
     assert r.status == "error" and "Connect" in (r.error or "")
+    assert "(POST http://127.0.0.1:9/v1/completions)" in (r.error or "")  # names the URL
 
 
 # ---- the runner's bookkeeping ------------------------------------------------------------
@@ -295,3 +296,61 @@ def test_the_distribution_list_names_every_distribution_a_summary_holds() -> Non
     held = {k for k, v in s.items() if isinstance(v, dict) and "count" in v}
     assert held == set(DISTRIBUTIONS)
     assert all(set(s[k]) == {*STATS, "count"} for k in held)
+
+
+class _FailingBackend:
+    """The test request succeeds; then every request fails with `errors[i % len(errors)]`."""
+
+    name = "failing"
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors, self.sent = errors, 0
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
+        import time
+
+        rec.send_s = time.perf_counter() - t0
+        await asyncio.sleep(0.001)
+        if rec.index < 0:  # the probe
+            rec.status, rec.first_chunk_s, rec.end_s = "ok", rec.send_s, rec.send_s
+            return
+        rec.status, rec.error = "error", self.errors[self.sent % len(self.errors)]
+        self.sent += 1
+
+
+def _run_failing(errors: list[str], n: int, closed: bool = False):
+    from loadgen.runner import LoadPlan, LoadRunner
+
+    specs = iter([RequestSpec("p", 1, 1)] * n)
+    probe = RequestSpec("p", 1, 1)
+    if closed:
+        plan = LoadPlan(specs, None, concurrency=2, num_requests=n, probe=probe)
+    else:
+        plan = LoadPlan(specs, [0.002 * i for i in range(n)], probe=probe)
+    backend = _FailingBackend(errors)
+    return asyncio.run(LoadRunner(backend, plan).run()), backend
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_run_whose_first_requests_all_fail_alike_stops_early(closed: bool) -> None:
+    """Before, the whole load was sent (200 requests here) though the first ten had all
+    failed the same way; digits do not make errors differ (token counts, ports)."""
+    errors = [f"prompt of {k} tokens is over the limit" for k in (300, 301)]
+    outcome, backend = _run_failing(errors, 200, closed)
+    assert outcome.stopped_early and "the first 10 requests all failed alike" in (
+        outcome.stopped_early
+    )
+    assert "over the limit" in outcome.stopped_early
+    assert not outcome.interrupted  # not a Ctrl-C: exit 1, not 130
+    assert backend.sent < 50 and len(outcome.records) < 50
+
+
+def test_different_failures_or_a_short_run_are_not_stopped_early() -> None:
+    outcome, backend = _run_failing(["refused", "timed out"], 40)
+    assert outcome.stopped_early is None and backend.sent == 40
+    outcome, backend = _run_failing(["refused"], 10)  # the whole load is its first ten
+    assert outcome.stopped_early is None and backend.sent == 10
