@@ -62,9 +62,15 @@ class Telemetry:
         self._nvml: Any = None
         self._gpus: list[Any] = []
         self._proc: Any = None
+        self._scraped = False  # /metrics answered at least once
 
     def start(self) -> None:
         self._open_nvml()
+        if not self._gpus and self.pid is None:  # a server we did not start: no pid to watch
+            self.notes.append(
+                "no CPU telemetry: the server is not a process of this run's (memory only from"
+                " its /metrics, when it exports process_resident_memory_bytes)"
+            )
         if not self._gpus and self.pid is not None:
             try:
                 import psutil
@@ -84,6 +90,8 @@ class Telemetry:
             row = {"t": time.perf_counter()}
             self._scrape(row)
             self.rows.append(row)
+            if not self._scraped:
+                self.notes.append(f"no engine gauges: nothing read from {self.metrics_url}")
         if self._nvml is not None:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
@@ -98,7 +106,7 @@ class Telemetry:
             ]
             self._nvml = pynvml
         except Exception as e:  # no driver or no GPU: NVMLError_LibraryNotFound and kin
-            self.notes.append(f"no GPU telemetry ({type(e).__name__}): CPU and memory instead")
+            self.notes.append(f"no GPU telemetry ({type(e).__name__})")
 
     def _loop(self) -> None:
         k = 0
@@ -145,17 +153,23 @@ class Telemetry:
             if rss is not None and self._proc is None:  # a server we cannot see: its own word
                 row["server_rss_mb"] = rss / 2**20
             row |= {f"engine_{k}": v for k, v in gauges.items()}
+            self._scraped = True
         except Exception:
             pass
 
     def summary(self) -> dict[str, Any]:
-        """Peaks and means for the run's summary (and each sweep point's row)."""
-        out: dict[str, Any] = {"samples": len(self.rows), "notes": self.notes}
+        """Peaks and means for the run's summary (and each sweep point's row); `columns`
+        says what was actually sampled (timeline.csv's columns)."""
+        names = {k for r in self.rows for k in r} - {"t"}
+        out: dict[str, Any] = {
+            "samples": len(self.rows),
+            "notes": self.notes,
+            "columns": sorted(names),
+        }
 
         def col(name: str) -> list[float]:
             return [r[name] for r in self.rows if name in r]
 
-        names = {k for r in self.rows for k in r} - {"t"}
         for name in sorted(names):
             values = col(name)
             if name.endswith(("_percent", "_power_w")) or name in TIME_AVERAGED:

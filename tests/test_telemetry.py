@@ -3,6 +3,7 @@ the engine gauges scraped from Prometheus text (ours and vLLM's names)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -104,3 +105,26 @@ def test_a_remote_servers_rss_comes_from_its_metrics(monkeypatch: pytest.MonkeyP
     row: dict[str, float] = {}
     tel._scrape(row)
     assert row == {"server_rss_mb": 3072.0, "engine_running": 2.0}
+
+
+def test_a_base_url_run_does_not_claim_cpu_telemetry_it_did_not_take() -> None:
+    """Before, summary.json said "CPU and memory instead" for --base-url runs while
+    timeline.csv had no CPU column; now the notes and `columns` say what was sampled."""
+    tel = Telemetry(pid=None, metrics_url="http://127.0.0.1:9/metrics", interval_s=0.01)
+    tel.start()
+    time.sleep(0.05)
+    tel.stop()
+    s = tel.summary()
+    assert s["columns"] == [] and not any("CPU and memory" in n for n in s["notes"])
+    assert any(n.startswith("no CPU telemetry") for n in s["notes"])
+    assert "no engine gauges: nothing read from http://127.0.0.1:9/metrics" in s["notes"]
+
+
+def test_the_summary_lists_the_sampled_columns() -> None:
+    tel = Telemetry(pid=os.getpid(), interval_s=0.01)
+    tel.start()
+    time.sleep(0.05)
+    tel.stop()
+    s = tel.summary()
+    assert {"server_cpu_percent", "server_rss_mb"} <= set(s["columns"])
+    assert not any(n.startswith("no CPU telemetry") for n in s["notes"])
