@@ -67,12 +67,21 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
     for key, value in (summary.get("telemetry") or {}).items():  # peak RSS, KV blocks, ...
         if isinstance(value, int | float) and key != "samples":
             out[f"telemetry.{key}"] = value
-    out["slo_attainment"] = (
-        summary["goodput"] / summary["request_throughput"]
-        if summary.get("goodput") is not None and summary["request_throughput"]
-        else None
-    )
+    out["slo_attainment"] = slo_attainment(summary)
     return out
+
+
+def slo_attainment(summary: dict[str, Any]) -> float | None:
+    """The fraction of all requests sent that met every SLO (DistServe): a failed request is a
+    miss, not left out, or a server that fails its slow requests would look better for it."""
+    if summary.get("goodput") is None:
+        return None  # no SLO given
+    sent = summary["completed"] + summary["failed"] + summary.get("cancelled", 0)
+    if not summary["completed"]:
+        return 0.0 if sent else None
+    # goodput and request_throughput share the run's duration: their ratio is good / completed
+    good = summary["goodput"] / summary["request_throughput"] * summary["completed"]
+    return good / sent
 
 
 def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -102,14 +111,14 @@ def run_sweep(
 ) -> int:
     import pandas as pd
 
-    from engine.model.loader import ModelLoadError
+    from engine.model.sources import ModelLoadError
 
     try:
         base, axes = load_sweep(profile)
         points = grid(axes)
         name = flags.get("name") or base.get("name", "sweep")
         sweep_dir = Path(resume) if resume else run_dir(flags.get("out"), name)
-        plan = {"profile": base, "axes": axes, "repeat": repeat, "flags": flags}
+        plan = masked({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
         _check_resume(sweep_dir, plan, resume is not None)
         for point in points:  # every point's config must resolve before the first runs
             resolve_config(base, _point_flags(flags, point, sweep_dir))
@@ -183,8 +192,44 @@ def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None
         before = json.loads((sweep_dir / "sweep.json").read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"--resume {sweep_dir}: not a sweep folder ({e})") from e
-    if before != json.loads(json.dumps(plan)):
-        raise ValueError(f"--resume {sweep_dir}: the sweep's profile or flags have changed")
+    changed = sorted(
+        k for k in set(before) | set(plan) if _results_part(before, k) != _results_part(plan, k)
+    )
+    if changed:
+        raise ValueError(f"--resume {sweep_dir}: changed since it started: {', '.join(changed)}")
+
+
+# Where a sweep's results go, what it is called and how it logs in change none of its numbers:
+# a sweep started with --out DIR (or --api-key) resumes from plain `--resume DIR`.
+NOT_RESULTS = ("name", "out", "api_key")
+
+
+def _results_part(plan: dict[str, Any], key: str) -> Any:
+    """`plan[key]` as sweep.json holds it, less what does not change results."""
+    value = _as_written(plan.get(key))
+    if isinstance(value, dict) and key in ("profile", "flags"):
+        value = {k: v for k, v in value.items() if k not in NOT_RESULTS and v is not None}
+    return value
+
+
+def _as_written(value: Any) -> Any:
+    """As write_json stores it: tuples as lists, an infinite rate as "inf"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {str(k): _as_written(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_written(v) for v in value]
+    return value
+
+
+def masked(value: Any) -> Any:
+    """`value` with every api_key replaced by "***": no secret in a file the sweep writes."""
+    if isinstance(value, dict):
+        return {k: "***" if k == "api_key" and v else masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [masked(v) for v in value]
+    return value
 
 
 def _write_csv(sweep_dir: Path, rows: list[dict[str, Any]], pd: Any) -> None:

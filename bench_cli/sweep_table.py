@@ -77,6 +77,17 @@ def _print_knees(
     table.add_column(" ".join(settings))
     table.add_column(load, justify="right")
     for setting, members in by_setting.items():
-        served = [m[load] for m in members if (m.get("slo_attainment") or 0) >= SLO_ATTAINMENT]
-        table.add_row(" ".join(map(str, setting)), str(max(served)) if served else "none")
+        table.add_row(" ".join(map(str, setting)), knee(members, load))
     console.print(table)
+
+
+def knee(members: list[dict[str, Any]], load: str) -> str:
+    """The highest load served; when every load tested was served the knee lies beyond them,
+    and naming the highest tested as the knee would claim a limit nobody measured."""
+    tested = [m for m in members if m.get("slo_attainment") is not None]
+    served = [m[load] for m in tested if m["slo_attainment"] >= SLO_ATTAINMENT]
+    if not served:
+        return "none"
+    if len(served) == len(tested):
+        return f"not reached up to {max(served)}"
+    return str(max(served))

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from bench_cli.app import app
 from bench_cli.gate import Limit, check
-from bench_cli.sweep import aggregate, run_sweep, t975
+from bench_cli.sweep import aggregate, run_sweep, slo_attainment, t975
 from bench_cli.sweep_grid import grid, load_sweep
+from bench_cli.sweep_table import knee
 from engine.config import EngineConfig, engine_arg_names
 from loadgen.config import PROFILE_DIR, build_config, load_profile
 
@@ -39,9 +40,14 @@ rate = [20]
 """
 
 
+SECRET = "sk-sweep-secret-42"
+
+
 def sweep(tmp: Path, profile: Path, **kw: Any) -> tuple[int, str]:
+    """As `bench sweep` calls it: every flag present, None when not given."""
     buf = io.StringIO()
-    flags = {"out": str(tmp / "sweep"), **kw.pop("flags", {})}
+    flags = {"base_url": None, "model": None, "api_key": None, "name": None, "out": None}
+    flags |= kw.pop("flags", {"out": str(tmp / "sweep")})
     rc = run_sweep(
         str(profile),
         flags,
@@ -58,7 +64,9 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
     tmp = tmp_path_factory.mktemp("sweep")
     profile = tmp / "two.toml"
     profile.write_text(SWEEP)
-    rc, printed = sweep(tmp, profile, repeat=2)
+    rc, printed = sweep(
+        tmp, profile, repeat=2, flags={"out": str(tmp / "sweep"), "api_key": SECRET}
+    )
     assert rc == 0, printed
     return tmp, profile, printed
 
@@ -93,6 +101,14 @@ def test_a_sweep_runs_every_point_and_repeat(swept: tuple[Path, Path, str]) -> N
     assert not list((tmp / "sweep").glob("p*/run*/report.html"))  # one report a sweep
 
 
+def test_no_file_a_sweep_writes_holds_its_api_key(swept: tuple[Path, Path, str]) -> None:
+    tmp, _, _ = swept
+    files = [p for p in (tmp / "sweep").rglob("*") if p.is_file()]
+    assert len(files) > 10
+    assert [p for p in files if SECRET in p.read_text(errors="replace")] == []
+    assert json.loads((tmp / "sweep" / "sweep.json").read_text())["flags"]["api_key"] == "***"
+
+
 def test_bench_report_rebuilds_from_files(swept: tuple[Path, Path, str]) -> None:
     tmp, _, _ = swept
     run = sorted((tmp / "sweep").glob("p*/run1"))[0]
@@ -109,7 +125,9 @@ def test_resume_reruns_only_what_did_not_finish(swept: tuple[Path, Path, str]) -
     kept = sorted((tmp / "sweep").glob("p*/run*/summary.json"))
     stamps = {p: p.stat().st_mtime_ns for p in kept}
     os.remove(kept[-1])  # as if Ctrl-C had stopped this run
-    rc, printed = sweep(tmp, profile, repeat=2, resume=str(tmp / "sweep"))
+    # started with --out DIR --api-key KEY; resumed with --resume DIR alone: neither changes
+    # a result, so neither makes it another sweep
+    rc, printed = sweep(tmp, profile, repeat=2, resume=str(tmp / "sweep"), flags={})
     assert rc == 0, printed
     assert printed.count("done before, kept") == 3
     for p in kept[:-1]:
@@ -120,8 +138,27 @@ def test_resume_reruns_only_what_did_not_finish(swept: tuple[Path, Path, str]) -
 
 def test_resume_refuses_a_changed_sweep(swept: tuple[Path, Path, str]) -> None:
     tmp, profile, _ = swept
-    rc, printed = sweep(tmp, profile, repeat=3, resume=str(tmp / "sweep"))
-    assert rc == 2 and "changed" in printed
+    rc, printed = sweep(tmp, profile, repeat=3, resume=str(tmp / "sweep"), flags={})
+    assert rc == 2 and "changed since it started: repeat" in printed
+    rc, printed = sweep(tmp, profile, resume=str(tmp / "sweep"), flags={"model": "other"})
+    assert rc == 2 and "changed since it started: flags, repeat" in printed
+
+
+def test_slo_attainment_counts_failed_requests_as_misses() -> None:
+    # 8 completed, all inside the SLO, 2 failed: 8 of the 10 sent met it (DistServe)
+    summary = _summary(completed=8, failed=2, request_throughput=0.8, goodput=0.8)
+    assert slo_attainment(summary) == pytest.approx(0.8)
+    assert slo_attainment(_summary(completed=0, failed=5, request_throughput=0.0)) == 0.0
+    assert slo_attainment(_summary(goodput=None)) is None  # no SLO given
+
+
+def test_slo_knee_is_not_reached_when_every_load_met_the_slo() -> None:
+    def row(rate: float, attainment: float) -> dict[str, Any]:
+        return {"rate": rate, "slo_attainment": attainment}
+
+    assert knee([row(1, 0.99), row(2, 0.95), row(4, 0.91)], "rate") == "not reached up to 4"
+    assert knee([row(1, 0.99), row(2, 0.95), row(4, 0.5)], "rate") == "2"
+    assert knee([row(1, 0.5), row(2, 0.2)], "rate") == "none"
 
 
 def test_sweep_profiles_and_grid(tmp_path: Path) -> None:
