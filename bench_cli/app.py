@@ -8,9 +8,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 # Without a terminal (CI logs, a server's log file) rich would wrap at 80 columns, folding
 # tables into unreadable cells; logs can be wide.
 console = Console(width=None if sys.stdout.isatty() else 200)
@@ -245,7 +246,7 @@ def run(
         float | None, Opt(help="seconds between telemetry samples (GPU, CPU, /metrics)")
     ] = None,
     out: Annotated[str | None, Opt(help="results folder (default results/<time>-<name>)")] = None,
-    no_dashboard: Annotated[bool, Opt(help="no live progress display")] = False,
+    no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
     device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,
     batching: Annotated[str | None, Opt(help="engine: continuous | static")] = None,
@@ -285,7 +286,7 @@ def sweep(
     resume: Annotated[str | None, Opt(help="a sweep folder: skip its finished points")] = None,
     name: Annotated[str | None, Opt(help="sweep name (in the folder name)")] = None,
     out: Annotated[str | None, Opt(help="sweep folder (default results/<time>-<name>)")] = None,
-    no_dashboard: Annotated[bool, Opt(help="no live progress display")] = False,
+    no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
 ) -> None:
     """Run one load list against a grid of engine settings, a fresh server per point; writes
     sweep.csv and prints which setting is best at each load."""
@@ -331,7 +332,7 @@ def gate(
             results = load_results(current)
             checks += [c for r in ratio for c in Ratio.parse(r).evaluate(results)]
     except GateInputError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
     table = Table(title=f"gate: {current}" + (f" vs {baseline}" if baseline else ""))
     for col in ("check", "point", "baseline / bottom", "current / top", "change", "limit", ""):
@@ -371,9 +372,9 @@ def report(
     try:
         path = build_report(Path(folder), embed=not cdn)
     except (ValueError, OSError) as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
-    console.print(f"wrote {path}", highlight=False)
+    console.print(f"wrote {escape(str(path))}", highlight=False)
 
 
 @app.command("export-model")
@@ -395,7 +396,7 @@ def export_model(
     try:
         loaded = load_model(model, getattr(torch, dtype), torch.device("cpu"))
     except ModelLoadError as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
     path = export_hf_dir(loaded, out)
     console.print(f"wrote {path} ({loaded.config.num_layers} layers, {dtype})", highlight=False)

@@ -31,22 +31,32 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
 
     try:
         data = load_profile(profile)
-        data.pop("sweep", None)  # a sweep profile's base load runs as one point
-        cfg = resolve_config(data, flags)
+        grid = data.pop("sweep", None)  # a sweep profile's base load runs as one point
+        try:
+            cfg = resolve_config(data, flags)
+        except ValueError as e:
+            if not grid:
+                raise
+            keys = ", ".join(f"--{k.replace('_', '-')}" for k in grid)
+            raise ValueError(
+                f"{e} (profile {profile!r} is a sweep profile: its [sweep] table sets {keys}; "
+                f"run it with `bench sweep --profile {profile}`, or give {keys} here)"
+            ) from None
         out_dir = run_dir(cfg.out, cfg.name)
         summary = run_one(cfg, out_dir, dashboard, console)
     except ServerStartError as e:
-        console.print(f"[bold red]error:[/] the bundled engine did not start: {e}")
+        console.print(f"[bold red]error:[/] the bundled engine did not start: {escape(str(e))}")
         return 2
     except ProbeFailed as e:
-        console.print(f"[bold red]error:[/] {e}; nothing was measured", highlight=False)
+        message = f"{escape(str(e))}; nothing was measured"
+        console.print(f"[bold red]error:[/] {message}", highlight=False)
         return 1
     except (ValueError, OSError, ModelLoadError) as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     target = cfg.base_url or f"bundled {cfg.model}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
-    console.print(f"results: {out_dir}/", highlight=False)
+    console.print(f"results: {escape(str(out_dir))}/", highlight=False)
     code = exit_code(summary)
     if summary.get("stopped_early"):
         console.print(f"[bold red]error:[/] {escape(summary['stopped_early'])}", highlight=False)

@@ -116,10 +116,12 @@ def _json_records(f: TextIO, name: str) -> _Records:
     for line, text in enumerate(f, start=1):
         if not text.strip():
             continue
+        text = text.rstrip("\r\n")  # else a cut line's error points at column 1 of "line 2"
         try:
             record = json.loads(text)
         except json.JSONDecodeError as e:
-            raise _error(name, line, f"bad JSON: {e.msg} (column {e.colno})") from None
+            where = "the line ends early" if e.pos >= len(text.rstrip()) else f"column {e.colno}"
+            raise _error(name, line, f"bad JSON: {e.msg} ({where})") from None
         if not isinstance(record, dict):
             raise _error(name, line, f"not a JSON object: {_show(record)}")
         yield line, record

@@ -55,14 +55,15 @@ class LengthDist:
 
     @classmethod
     def _checked(cls, kind: str, a: float, b: float, spec: str) -> LengthDist:
-        ok = {
-            "fixed": a >= 1,
-            "uniform": 1 <= a <= b,
-            "normal": a >= 1 and b >= 0,
-            "lognormal": a >= 1 and b >= 0,
+        faults = {
+            "fixed": [(a < 1, "a length is >= 1 token")],
+            "uniform": [(a < 1, "lo must be >= 1 token"), (a > b, f"lo {a:g} > hi {b:g}")],
+            "normal": [(a < 1, "the mean must be >= 1 token"), (b < 0, "std must be >= 0")],
+            "lognormal": [(a < 1, "the mean must be >= 1 token"), (b < 0, "sigma must be >= 0")],
         }[kind]
-        if not ok:
-            raise ValueError(f"length {spec!r}: out of range (lengths are >= 1 token)")
+        for bad, why in faults:
+            if bad:
+                raise ValueError(f"length {spec!r}: {why}")
         return cls(kind, a, b)
 
     def sample(self, rng: np.random.Generator) -> int:

@@ -150,7 +150,7 @@ def test_a_broken_trace_names_the_line(tmp_path: Path) -> None:
     ("flags", "error"),
     [
         ({"arrival": "gamma", "rate": None, "profile": "bare"}, "need --rate"),
-        ({"input_len": "uniform:9:2"}, "out of range"),
+        ({"input_len": "uniform:9:2"}, "lo 9 > hi 2"),
         ({"model": "no-such-model", "tokenizer": "no-such-model"}, "no-such-model"),
         ({"dataset": "csv:x"}, "sharegpt:PATH"),
         ({"slo": "ttft=500ms"}, "not a number"),  # before the run, not after it

@@ -118,6 +118,9 @@ MALFORMED = [
     # (format, file name, content, line, what the message must say)
     ("mooncake", "bad_json.jsonl", MOONCAKE_OK + '{"timestamp": 5, "input_len\n', 2, "bad JSON"),
     ("jsonl", "not_object.jsonl", JSONL_OK + "[1, 2]\n", 2, "not a JSON object"),
+    # a cut line once said "(column 1)"; a wrong character names its own column
+    ("jsonl", "cut.jsonl", JSONL_OK + '{"timestamp": 2, "input_len": 5\n', 2, "(the line ends"),
+    ("jsonl", "comma.jsonl", JSONL_OK + '{"timestamp": 2,, "input_len": 5}\n', 2, "(column 17)"),
     (
         "jsonl",
         "missing_key.jsonl",

@@ -90,6 +90,22 @@ def test_bad_length_specs_are_refused(text: str) -> None:
         LengthDist.parse(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("uniform:200:100", "lo 200 > hi 100"),  # once "lengths are >= 1 token"
+        ("uniform:0:10", "lo must be >= 1 token"),
+        ("0", "a length is >= 1 token"),
+        ("normal:100:-1", "std must be >= 0"),
+        ("lognormal:0.5:1", "the mean must be >= 1 token"),
+        ("lognormal:100:-2", "sigma must be >= 0"),
+    ],
+)
+def test_a_bad_length_spec_gets_the_right_reason(text: str, why: str) -> None:
+    with pytest.raises(ValueError, match=f"^length '{text}': {why}$"):
+        LengthDist.parse(text)
+
+
 @pytest.mark.parametrize("text", ["1", "300", "uniform:1:3", "normal:3:10", "lognormal:2:1.5"])
 def test_samples_are_ints_of_at_least_one(text: str) -> None:
     rng = np.random.default_rng(0)
