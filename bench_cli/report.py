@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
+from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.records import RequestRecord, read_records
 
 Figure = go.Figure
@@ -101,16 +104,18 @@ def timeline_figure(records: list[RequestRecord]) -> Figure:
 
 
 def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | None) -> Figure:
-    """Output tokens per second in 1 s bins, requests in flight, and the telemetry columns
-    (a row each; no telemetry row when the run has none)."""
+    """Output tokens per second in 1 s bins, requests in flight, then the telemetry with one
+    row (one y axis) per unit: RSS in MB beside CPU % on one axis made every line but RSS flat."""
     ok = [r for r in records if r.ok and not r.warmup]
-    signals = (
-        []
-        if timeline is None
-        else [c for c in timeline.columns if c != "t_s" and timeline[c].notna().any()]
+    axes: dict[str, list[str]] = {}  # axis title -> columns drawn on it
+    if timeline is not None:
+        for col in timeline.columns:
+            if col != "t_s" and not col.endswith("_total_mb") and timeline[col].notna().any():
+                axes.setdefault(signal(col).axis, []).append(col)
+    titles = ["output tokens/s", "requests in flight", *axes]
+    fig = make_subplots(
+        rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.04
     )
-    titles = ["output tokens/s", "requests in flight"] + (["telemetry"] if signals else [])
-    fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles)
     if ok:
         times = np.concatenate([np.repeat(r.chunk_s, r.chunk_tokens) for r in ok])
         end = max(r.end_s or 0 for r in ok)
@@ -120,17 +125,26 @@ def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | Non
         grid = np.linspace(0, end, 400)
         in_flight = [sum((r.send_s or 0) <= t < (r.end_s or 0) for r in ok) for t in grid]
         fig.add_trace(go.Scatter(x=grid, y=in_flight, name="in flight", mode="lines"), row=2, col=1)
-    for col in signals:
+    fig.update_yaxes(title_text="tok/s", row=1, col=1)
+    fig.update_yaxes(title_text="requests", row=2, col=1)
+    for row, (axis, cols) in enumerate(axes.items(), start=3):
         assert timeline is not None
-        fig.add_trace(
-            go.Scatter(
-                x=timeline["t_s"], y=timeline[col], name=col, mode="lines", connectgaps=True
-            ),
-            row=3,
-            col=1,
-        )
+        for col in cols:
+            sig = signal(col)
+            fig.add_trace(
+                go.Scatter(
+                    x=timeline["t_s"],
+                    y=timeline[col],
+                    name=f"{sig.label} ({sig.unit})" if sig.unit else sig.label,
+                    mode="lines",
+                    connectgaps=True,
+                ),
+                row=row,
+                col=1,
+            )
+        fig.update_yaxes(title_text=axis, rangemode="tozero", row=row, col=1)
     fig.update_xaxes(title_text="time (s)", row=len(titles), col=1)
-    fig.update_layout(title="Throughput and telemetry over time", height=300 * len(titles))
+    fig.update_layout(title="Throughput and telemetry over time", height=260 * len(titles))
     return fig
 
 
@@ -162,6 +176,16 @@ def steps_figure(steps: pd.DataFrame, t0: float) -> Figure:
     return fig
 
 
+PALETTE = tuple(dict.fromkeys(qualitative.Plotly + qualitative.Dark24))
+
+
+def setting_colours(labels: Iterable[object]) -> dict[str, str]:
+    """A fixed colour per setting label, by first appearance: every panel of a sweep draws a
+    setting in the same colour, so one legend reads for all of them."""
+    names = list(dict.fromkeys(str(x) for x in labels))
+    return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
+
+
 def sweep_figures(
     table: pd.DataFrame, axes: list[str], load: str | None, setting_keys: Sequence[str] = ()
 ) -> list[Figure]:
@@ -172,6 +196,7 @@ def sweep_figures(
         else table["point"].astype(str)
     )
     table = table.copy().assign(setting=label)  # read_csv of a wide table is fragmented
+    colours = setting_colours(table["setting"])
     figs = []
     fig = go.Figure()
     for name, g in table.groupby("setting", sort=False):
@@ -181,6 +206,8 @@ def sweep_figures(
                 y=g["tpot_s.p99"] * 1e3,
                 mode="lines+markers",
                 name=str(name),
+                legendgroup=str(name),
+                line={"color": colours[str(name)]},
                 text=[f"{load}={v}" for v in g[load]] if load else None,
             )
         )
@@ -192,37 +219,37 @@ def sweep_figures(
     )
     figs.append(fig)
     if load:
-        fig = make_subplots(
-            rows=1, cols=3, subplot_titles=("goodput", "TTFT p99 (ms)", "ITL p99 (ms)")
-        )
-        for name, g in table.groupby("setting", sort=False):
-            for col, key, scale in (
-                (1, "goodput", 1),
-                (2, "ttft_s.p99", 1e3),
-                (3, "itl_s.p99", 1e3),
-            ):
-                if key in g and g[key].notna().any():
-                    fig.add_trace(
-                        go.Scatter(
-                            x=g[load],
-                            y=g[key] * scale,
-                            mode="lines+markers",
-                            name=str(name),
-                            legendgroup=str(name),
-                            showlegend=col == 1,
-                        ),
-                        row=1,
-                        col=col,
-                    )
-        fig.update_xaxes(title_text=load)
-        fig.update_layout(title=f"Against {load}", height=450)
-        figs.append(fig)
-    figs.append(_side_by_side(table, load))
+        figs.append(_against_load(table, load, colours))
+    figs.append(_side_by_side(table, load, colours))
     for key in setting_keys:
         numeric = pd.to_numeric(table.get(key), errors="coerce")
         if key != load and numeric.notna().any() and numeric.nunique() > 1:
-            figs.append(_latency_against(table.assign(_x=numeric), key, load))
+            figs.append(_latency_against(table.assign(_x=numeric), key, load, colours))
     return figs
+
+
+def _against_load(table: pd.DataFrame, load: str, colours: dict[str, str]) -> Figure:
+    """Goodput and p99 latencies against the load, a line per setting."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("goodput", "TTFT p99 (ms)", "ITL p99 (ms)"))
+    for name, g in table.groupby("setting", sort=False):
+        for col, key, scale in ((1, "goodput", 1), (2, "ttft_s.p99", 1e3), (3, "itl_s.p99", 1e3)):
+            if key in g and g[key].notna().any():
+                fig.add_trace(
+                    go.Scatter(
+                        x=g[load],
+                        y=g[key] * scale,
+                        mode="lines+markers",
+                        name=str(name),
+                        legendgroup=str(name),
+                        showlegend=col == 1,
+                        line={"color": colours[str(name)]},
+                    ),
+                    row=1,
+                    col=col,
+                )
+    fig.update_xaxes(title_text=load)
+    fig.update_layout(title=f"Against {load}", height=450)
+    return fig
 
 
 SIDE_BY_SIDE = (
@@ -233,21 +260,22 @@ SIDE_BY_SIDE = (
 )
 
 
-def _side_by_side(table: pd.DataFrame, load: str | None) -> Figure:
-    """Bars: each setting's headline numbers next to each other (a bar group per load)."""
+def _side_by_side(table: pd.DataFrame, load: str | None, colours: dict[str, str]) -> Figure:
+    """Bars: each setting's headline numbers next to each other, a bar group per load and a
+    bar colour per setting (the colour it has in every other panel)."""
     panels = [(k, t, f) for k, t, f in SIDE_BY_SIDE if k in table and table[k].notna().any()]
     fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for _, t, _ in panels])
-    groups = table.groupby(load, sort=False) if load else [(None, table)]
-    for value, g in groups:
-        name = f"{load}={value}" if load else "all"
+    for name, g in table.groupby("setting", sort=False):
+        x = [f"{load}={v}" for v in g[load]] if load else ["all"] * len(g)
         for col, (key, _, scale) in enumerate(panels, start=1):
             fig.add_trace(
                 go.Bar(
-                    x=g["setting"],
+                    x=x,
                     y=g[key] * scale,
-                    name=name,
-                    legendgroup=name,
-                    showlegend=load is not None and col == 1,
+                    name=str(name),
+                    legendgroup=str(name),
+                    showlegend=col == 1,
+                    marker={"color": colours[str(name)]},
                 ),
                 row=1,
                 col=col,
@@ -256,16 +284,21 @@ def _side_by_side(table: pd.DataFrame, load: str | None) -> Figure:
     return fig
 
 
-def _latency_against(table: pd.DataFrame, key: str, load: str | None) -> Figure:
-    """p99 TTFT/ITL/TPOT against a numeric setting (chunk size, say), a line per load. Points
-    without a value for it (a bundle such as "no chunking") are dashed reference lines."""
+LOAD_GREYS = ("#444444", "#888888", "#bbbbbb", "#222222", "#666666", "#aaaaaa")
+
+
+def _latency_against(
+    table: pd.DataFrame, key: str, load: str | None, colours: dict[str, str]
+) -> Figure:
+    """p99 TTFT/ITL/TPOT against a numeric setting (chunk size, say): a grey line per load
+    through points in their setting's colour. Settings without a value for it (a bundle such
+    as "no chunking") are dashed reference lines in theirs."""
     panels = (("ttft_s.p99", "TTFT p99 (ms)"), ("itl_s.p99", "ITL p99 (ms)"))
     panels += (("tpot_s.p99", "TPOT p99 (ms)"),)
     fig = make_subplots(rows=1, cols=3, subplot_titles=[t for _, t in panels])
     groups = table.groupby(load, sort=False) if load else [("all", table)]
-    palette = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
     for i, (value, g) in enumerate(groups):
-        color, name = palette[i % len(palette)], f"{load}={value}" if load else "all"
+        grey, name = LOAD_GREYS[i % len(LOAD_GREYS)], f"{load}={value}" if load else "all"
         line, refs = g[g["_x"].notna()].sort_values("_x"), g[g["_x"].isna()]
         for col, (metric, _) in enumerate(panels, start=1):
             if metric not in g:
@@ -278,7 +311,9 @@ def _latency_against(table: pd.DataFrame, key: str, load: str | None) -> Figure:
                     name=name,
                     legendgroup=name,
                     showlegend=col == 1,
-                    line={"color": color},
+                    line={"color": grey},
+                    marker={"color": [colours[s] for s in line["setting"]], "size": 9},
+                    text=list(line["setting"]),
                 ),
                 row=1,
                 col=col,
@@ -286,11 +321,24 @@ def _latency_against(table: pd.DataFrame, key: str, load: str | None) -> Figure:
             for _, ref in refs.iterrows():
                 fig.add_hline(
                     y=ref[metric] * 1e3,
-                    line={"color": color, "dash": "dash"},
-                    annotation_text=str(ref.get("setting", "")),
+                    line={"color": colours[ref["setting"]], "dash": "dash"},
+                    annotation_text=f"{ref['setting']} ({name})",
                     row=1,
                     col=col,
                 )
+    for name, colour in colours.items():  # the settings' legend, as in the other panels
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=name,
+                legendgroup=name,
+                marker={"color": colour, "size": 9},
+            ),
+            row=1,
+            col=1,
+        )
     ticks = sorted(table["_x"].dropna().unique())  # plotly's own log ticks read "5 100 2 5"
     fig.update_xaxes(
         title_text=key, type="log", tickvals=ticks, ticktext=[_number(t) for t in ticks]
@@ -319,6 +367,57 @@ def _page(title: str, intro: str, figs: list[Figure], table_html: str, embed: bo
     )
 
 
+def _ms(seconds: float | None) -> str:
+    if seconds is None or pd.isna(seconds):
+        return "-"
+    ms = seconds * 1e3
+    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}"
+
+
+def _latency_table(summary: dict[str, Any]) -> str:
+    """Every latency distribution the run has, a row each, in ms, mean beside percentiles."""
+    rows = []
+    queued = bool((summary.get("queue_s") or {}).get("max"))
+    for key, label in DISTRIBUTIONS.items():
+        d = summary.get(key)
+        if not d or not d.get("count") or ("queue" in key and not queued):
+            continue
+        rows.append({"latency": label} | {f"{s} (ms)": _ms(d.get(s)) for s in STATS})
+    return pd.DataFrame(rows).to_html(index=False) if rows else ""
+
+
+def describe_run(summary: dict[str, Any], name: str) -> str:
+    """What ran, in words: "poisson 4 req/s · 100 requests after 2 warm-up · ...", read from
+    the config the run wrote."""
+    cfg = summary.get("config", {})
+    run, target, engine = cfg.get("run", {}), cfg.get("target", {}), cfg.get("engine") or {}
+    if run.get("arrival") == "trace":
+        load = f"trace {Path(run.get('trace') or '').name} x{run.get('time_scale', 1):g}"
+    elif run.get("rate") is None and run.get("concurrency"):
+        load = f"closed loop, concurrency {run['concurrency']}"
+    else:
+        load = f"{run.get('arrival', '?')} {float(run.get('rate') or 0):g} req/s"
+        load += f", cap {run['concurrency']}" if run.get("concurrency") else ""
+    if run.get("num_requests"):
+        amount = f"{run['num_requests']} requests"
+        amount += f" after {run['warmup']} warm-up" if run.get("warmup") else ""
+    else:
+        amount = f"{run['duration']:g} s" if run.get("duration") else ""
+    source = f"dataset {Path(run['dataset']).name}" if run.get("dataset") else ""
+    lengths = source or f"input {run.get('input_len')} tokens, output {run.get('output_len')}"
+    kind = target.get("kind", "")
+    if kind.startswith("bundled"):
+        sched = engine.get("scheduler", {})
+        what = f"bundled {engine.get('model') or run.get('model')}"
+        what += f" ({engine.get('dtype', '?')}, {sched.get('batching', '?')} batching"
+        what += f", max {sched.get('max_num_seqs', '?')} sequences)"
+        what += " in process" if kind.endswith("in-process") else ""
+    else:
+        what = f"{run.get('model') or 'served model'} at {target.get('base_url', '?')}"
+    parts = [run.get("name", name), load, amount, lengths, what]
+    return " · ".join(str(p) for p in parts if p)
+
+
 def run_report(run: Path, embed: bool = True) -> Path:
     summary = json.loads((run / "summary.json").read_text())
     records = read_records(run / "requests.jsonl")
@@ -327,33 +426,69 @@ def run_report(run: Path, embed: bool = True) -> Path:
     steps_file = run / "steps.jsonl"
     if steps_file.is_file() and steps_file.stat().st_size:
         figs.append(steps_figure(pd.read_json(steps_file, lines=True), summary.get("clock_t0", 0)))
-    rows = {
-        k: summary[k]
-        for k in (
-            "completed",
-            "failed",
-            "duration_s",
-            "request_throughput",
-            "output_throughput",
-            "goodput",
-            "valid",
-        )
-    }
-    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-        rows[f"{key} p50 / p99 (ms)"] = (
-            f"{(summary[key]['p50'] or 0) * 1e3:.1f} / {(summary[key]['p99'] or 0) * 1e3:.1f}"
-        )
-    table = pd.DataFrame([rows]).to_html(index=False, float_format=_number, na_rep="-")
+    head = {label: summary.get(key) for key, label in RUN_HEADLINE}
+    table = pd.DataFrame([head]).to_html(index=False, float_format=_number, na_rep="-")
+    table += _latency_table(summary)
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in summary.get("warnings", []))
-    target = summary.get("config", {}).get("target", {})
-    intro = html.escape(
-        f"{summary.get('config', {}).get('run', {}).get('name', run.name)}: {target}"
-    )
+    intro = html.escape(describe_run(summary, run.name))
     out = run / "report.html"
     out.write_text(
         _page(f"servebench run {run.name}", intro + f"<ul>{warnings}</ul>", figs, table, embed)
     )
     return out
+
+
+RUN_HEADLINE = (
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("duration_s", "duration (s)"),
+    ("request_throughput", "req/s"),
+    ("output_throughput", "output tok/s"),
+    ("goodput", "goodput (req/s)"),
+    ("valid", "valid"),
+)
+# sweep.csv columns the sweep's table shows (latencies come after, in ms)
+SWEEP_HEADLINE = (
+    ("runs", "runs", "{:.0f}"),
+    ("completed", "completed", "{:.0f}"),
+    ("failed", "failed", "{:.0f}"),
+    ("request_throughput", "req/s", "{:.2f}"),
+    ("output_throughput", "output tok/s", "{:.1f}"),
+    ("goodput", "goodput (req/s)", "{:.2f}"),
+    ("slo_attainment", "in SLO", "{:.0%}"),
+    ("telemetry.mean_engine_running", "mean running", "{:.1f}"),
+    ("telemetry.preemptions", "preempted", "{:.0f}"),
+    ("telemetry.peak_server_rss_mb", "peak server RSS (MB)", "{:.0f}"),
+    ("telemetry.mean_server_cpu_percent", "server CPU % (mean; 100 = one core)", "{:.0f}"),
+)
+SWEEP_LATENCIES = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
+
+
+def _cell(row: pd.Series, key: str, fmt: Any) -> str:
+    """A value with its 95 % confidence half-width when the point was repeated."""
+    value, ci = row.get(key), row.get(f"{key}.ci95")
+    if value is None or pd.isna(value):
+        return "-"
+    text = fmt(value)
+    return text if ci is None or pd.isna(ci) else f"{text} ±{fmt(ci)}"
+
+
+def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
+    """One row per point: its settings, throughput, then TTFT/ITL/TPOT/E2E mean, p50 and p99,
+    all in ms like the plots beside it (a header row per distribution keeps it narrow)."""
+    cols: dict[tuple[str, str], list[str]] = {}
+    for a in axes:
+        if a in table:
+            cols[("", a)] = list(table[a].astype(str))
+    for key, label, fmt in SWEEP_HEADLINE:
+        if key in table and table[key].notna().any():
+            cols[("", label)] = [_cell(r, key, fmt.format) for _, r in table.iterrows()]
+    for key in SWEEP_LATENCIES:
+        for stat in ("mean", "p50", "p99"):
+            if f"{key}.{stat}" in table:
+                cells = [_cell(r, f"{key}.{stat}", _ms) for _, r in table.iterrows()]
+                cols[(f"{DISTRIBUTIONS[key]} (ms)", stat)] = cells
+    return pd.DataFrame(cols).to_html(index=False)
 
 
 def sweep_report(sweep: Path, embed: bool = True) -> Path:
@@ -363,18 +498,10 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
     load = next((a for a in axes if a in ("rate", "concurrency")), None)
     setting_keys = list(dict.fromkeys(k for p in grid(plan["axes"]) for k in p.settings))
     figs = sweep_figures(table, axes, load, setting_keys)
-    keep = [c for c in table.columns if not c.endswith((".std", ".p50", ".p90", ".mean"))]
     out = sweep / "report.html"
     intro = html.escape(f"{len(table)} points over {', '.join(axes)}; {plan['repeat']} run(s) each")
-    out.write_text(
-        _page(
-            f"servebench sweep {sweep.name}",
-            intro,
-            figs,
-            table[keep].to_html(index=False, float_format=_number, na_rep="-"),
-            embed,
-        )
-    )
+    table_html = sweep_table_html(table, axes)
+    out.write_text(_page(f"servebench sweep {sweep.name}", intro, figs, table_html, embed))
     return out
 
 
