@@ -92,6 +92,8 @@ def run_one(
 
     tokenizer, tokenizer_name = _tokenizer(cfg, console)
     built = build_plan(cfg, tokenizer)
+    for note in built.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
     server: LocalServer | None = None
     try:

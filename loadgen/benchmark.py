@@ -10,7 +10,7 @@ import itertools
 import json
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +24,10 @@ from loadgen.traces import read_trace
 from loadgen.workload import (
     PromptBuilder,
     RequestSpec,
+    ShareGPT,
     WorkloadConfig,
     from_trace,
+    read_sharegpt,
     sharegpt,
     synthetic,
 )
@@ -38,11 +40,14 @@ class BuiltPlan:
     plan: LoadPlan
     arrivals: Arrivals | None  # None: closed loop
     info: dict[str, Any]  # what was read (trace rows skipped, dataset size), for config.json
+    notes: list[str] = field(default_factory=list)  # what to tell the user before the run
 
 
 def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
     builder = PromptBuilder(tokenizer)
     info: dict[str, Any] = {}
+    notes: list[str] = []
+    data: ShareGPT | None = None
     warmup_seed = cfg.seed + 1_000_003  # warm-up prompts never repeat measured ones
     if cfg.arrival == "trace":
         assert cfg.trace is not None
@@ -71,8 +76,10 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         kind, _, path = cfg.dataset.partition(":")
         if kind != "sharegpt" or not path:
             raise ValueError(f"dataset {cfg.dataset!r}: expected sharegpt:PATH")
-        stream = sharegpt(path, tokenizer, cfg.seed, cfg.output_len)
-        warm = sharegpt(path, tokenizer, warmup_seed, cfg.output_len)
+        data = read_sharegpt(path, tokenizer)
+        info["dataset"] = data.as_dict()
+        stream = sharegpt(data, cfg.seed, cfg.output_len)
+        warm = sharegpt(data, warmup_seed, cfg.output_len)
     else:
         in_len, out_len = cfg.input_len or DEFAULT_INPUT_LEN, cfg.output_len or DEFAULT_OUTPUT_LEN
         wl = WorkloadConfig(in_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed)
@@ -84,6 +91,8 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
     probe = probe_of(next(warm))
     warmup = list(itertools.islice(warm, cfg.warmup))
     if cfg.closed_loop:
+        if data is not None:
+            notes.append(data.describe(cfg.num_requests))
         plan = LoadPlan(
             stream,
             None,
@@ -93,13 +102,15 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
             warmup=warmup,
             probe=probe,
         )
-        return BuiltPlan(plan, None, info)
+        return BuiltPlan(plan, None, info, notes)
     assert cfg.rate is not None
     arrivals = Arrivals(cfg.arrival, cfg.rate, cfg.burstiness or 1.0, cfg.seed)
     offsets = take_schedule(arrivals.offsets(), cfg.num_requests, cfg.duration)
     specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
+    if data is not None:
+        notes.append(data.describe(len(offsets)))
     plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe)
-    return BuiltPlan(plan, arrivals, info)
+    return BuiltPlan(plan, arrivals, info, notes)
 
 
 def probe_of(spec: RequestSpec) -> RequestSpec:

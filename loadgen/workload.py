@@ -165,11 +165,45 @@ def from_trace(
     return specs
 
 
-def sharegpt(
-    path: str | Path, tokenizer: Any, seed: int, output_len: str | None = None
-) -> Iterator[RequestSpec]:
-    """First user turn as the prompt, the reply's length as the output length (unless given);
-    like vLLM, drops pairs under 4 tokens, prompts over 1024 and pairs over 2048 tokens."""
+@dataclass(frozen=True, slots=True)
+class ShareGPT:
+    """A ShareGPT file's usable (prompt, prompt tokens, reply tokens) pairs, and what was
+    dropped: a run must say how much of the file it used and how often it repeats it."""
+
+    path: str
+    pairs: list[tuple[str, int, int]]
+    conversations: int
+    single_turn: int = 0  # fewer than two turns
+    too_short: int = 0  # prompt or reply under 4 tokens
+    too_long: int = 0  # prompt over 1024 tokens, or prompt + reply over 2048
+
+    def describe(self, num_requests: int | None) -> str:
+        dropped = self.conversations - len(self.pairs)
+        text = f"dataset {self.path}: {len(self.pairs)} of {self.conversations} conversations used"
+        if dropped:
+            text += (
+                f" ({dropped} dropped as vLLM drops them: {self.single_turn} single-turn, "
+                f"{self.too_short} under 4 tokens, {self.too_long} over 1024/2048 tokens)"
+            )
+        if num_requests is not None and num_requests > len(self.pairs):
+            reuse = num_requests / len(self.pairs)
+            text += f"; {num_requests} requests reuse each about {reuse:.1f} times"
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "conversations": self.conversations,
+            "used": len(self.pairs),
+            "dropped_single_turn": self.single_turn,
+            "dropped_too_short": self.too_short,
+            "dropped_too_long": self.too_long,
+        }
+
+
+def read_sharegpt(path: str | Path, tokenizer: Any) -> ShareGPT:
+    """First user turn as the prompt, the reply's length as the output length; like vLLM,
+    drops pairs under 4 tokens, prompts over 1024 and pairs over 2048 tokens."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -177,14 +211,14 @@ def sharegpt(
         raise ValueError(f"dataset {path}: not a readable JSON file: {e}") from e
     if not isinstance(data, list):
         raise ValueError(f"dataset {path}: expected a JSON list of conversations")
-    fixed_out = LengthDist.parse(output_len) if output_len is not None else None
-    rng = np.random.default_rng([seed, 3])
-    pairs: list[tuple[str, int, int | None]] = []
+    pairs: list[tuple[str, int, int]] = []
+    single = short = long = 0
     for k, item in enumerate(data):
         turns = item.get("conversations", item.get("messages")) if isinstance(item, dict) else None
         if not isinstance(turns, list):
             raise ValueError(f"dataset {path}: entry {k} has no 'conversations' list")
         if len(turns) < 2:
+            single += 1
             continue
         try:
             prompt, reply = (t.get("value", t.get("content")) for t in turns[:2])
@@ -194,12 +228,23 @@ def sharegpt(
             raise ValueError(f"dataset {path}: entry {k}: a turn has no 'value' text")
         n_in = len(tokenizer.encode(prompt, add_special_tokens=False))
         n_out = len(tokenizer.encode(reply, add_special_tokens=False))
-        if n_in < 4 or n_out < 4 or n_in > 1024 or n_in + n_out > 2048:
-            continue
-        pairs.append((prompt, n_in, None if fixed_out else n_out))
+        if n_in < 4 or n_out < 4:
+            short += 1
+        elif n_in > 1024 or n_in + n_out > 2048:
+            long += 1
+        else:
+            pairs.append((prompt, n_in, n_out))
     if not pairs:
         raise ValueError(f"dataset {path}: no usable conversation (need two turns of 4+ tokens)")
-    while True:  # a fresh seeded shuffle each pass, so any request count can be served
-        for k in rng.permutation(len(pairs)):
-            prompt, n_in, n_out = pairs[k]
-            yield RequestSpec(prompt, n_in, n_out if n_out is not None else fixed_out.sample(rng))
+    return ShareGPT(str(path), pairs, len(data), single, short, long)
+
+
+def sharegpt(data: ShareGPT, seed: int, output_len: str | None = None) -> Iterator[RequestSpec]:
+    """Endless requests from the pairs, in a fresh seeded shuffle each pass; `output_len` (a
+    length spec) replaces the replies' lengths."""
+    fixed_out = LengthDist.parse(output_len) if output_len is not None else None
+    rng = np.random.default_rng([seed, 3])
+    while True:
+        for k in rng.permutation(len(data.pairs)):
+            prompt, n_in, n_out = data.pairs[k]
+            yield RequestSpec(prompt, n_in, fixed_out.sample(rng) if fixed_out else n_out)

@@ -152,9 +152,9 @@ def test_a_broken_trace_names_the_line(tmp_path: Path) -> None:
         ({"arrival": "gamma", "rate": None, "profile": "bare"}, "need --rate"),
         ({"input_len": "uniform:9:2"}, "lo 9 > hi 2"),
         ({"model": "no-such-model", "tokenizer": "no-such-model"}, "no-such-model"),
-        ({"dataset": "csv:x"}, "sharegpt:PATH"),
+        ({"dataset": "csv:x", "input_len": None}, "sharegpt:PATH"),
         ({"slo": "ttft=500ms"}, "not a number"),  # before the run, not after it
-        ({"dataset": "sharegpt:nowhere.json", "concurrency": 2, "warmup": 0}, "nowhere.json"),
+        ({"dataset": "sharegpt:nowhere.json", "input_len": None, "concurrency": 2}, "nowhere.json"),
         ({"base_url": "http://127.0.0.1:9/v1", "model": "m", "max_num_seqs": 4}, "bundled"),
         ({"in_process": True, "max_num_seqs": 0}, "max_num_seqs"),
     ],
@@ -225,3 +225,22 @@ def test_results_are_strict_json_even_for_an_infinite_rate(
         "p": [None, 1.5],
         "n": "-inf",
     }
+
+
+def test_a_sharegpt_run_says_how_much_of_the_file_it_used(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    """Issue 17, defect 11: the drop and reuse counts are printed and kept in config.json."""
+    url = mock_server("--ttft", "0.001", "--itl", "0.001")
+    dataset = Path(__file__).parent / "data" / "sharegpt_sample.json"
+    flags = {"base_url": url, "model": "mock", "warmup": 0, "num_requests": 20}
+    rc, printed, run = bench_run(
+        tmp_path, dataset=f"sharegpt:{dataset}", input_len=None, output_len=None, **flags
+    )
+    assert rc == 0, printed
+    config = json.loads((run / "config.json").read_text())
+    used, total = config["dataset"]["used"], config["dataset"]["conversations"]
+    assert 0 < used < total
+    flat = " ".join(printed.split())
+    assert f"{used} of {total} conversations used" in flat
+    assert f"20 requests reuse each about {20 / used:.1f} times" in flat

@@ -20,6 +20,7 @@ from loadgen.workload import (
     RequestSpec,
     WorkloadConfig,
     from_trace,
+    read_sharegpt,
     sharegpt,
     synthetic,
 )
@@ -320,7 +321,7 @@ def usable_pairs(tk: Any) -> dict[str, tuple[int, int]]:
 def test_sharegpt_prompts_are_first_human_turns_with_reply_lengths(tk: Any) -> None:
     pairs = usable_pairs(tk)
     assert len(pairs) == 9
-    specs = take(sharegpt(SHAREGPT, tk, seed=0), 3 * len(pairs))
+    specs = take(sharegpt(read_sharegpt(SHAREGPT, tk), seed=0), 3 * len(pairs))
     for spec in specs:
         assert (spec.input_len, spec.output_len) == pairs[spec.prompt]
     counts = {prompt: 0 for prompt in pairs}
@@ -332,14 +333,14 @@ def test_sharegpt_prompts_are_first_human_turns_with_reply_lengths(tk: Any) -> N
 def test_sharegpt_skips_single_turns_and_short_pairs(tk: Any) -> None:
     items = {item["id"]: item for item in json.loads(SHAREGPT.read_text())}
     skipped = {items[k]["conversations"][0]["value"] for k in SHAREGPT_SKIPPED}
-    prompts = {spec.prompt for spec in take(sharegpt(SHAREGPT, tk, seed=0), 100)}
+    prompts = {spec.prompt for spec in take(sharegpt(read_sharegpt(SHAREGPT, tk), seed=0), 100)}
     assert len(prompts) == 9
     assert not prompts & skipped
 
 
 def test_sharegpt_order_is_seeded(tk: Any) -> None:
     def order(seed: int) -> list[str]:
-        return [spec.prompt for spec in take(sharegpt(SHAREGPT, tk, seed), 27)]
+        return [spec.prompt for spec in take(sharegpt(read_sharegpt(SHAREGPT, tk), seed), 27)]
 
     assert order(0) == order(0)
     assert order(0) != order(1)
@@ -350,7 +351,7 @@ def test_sharegpt_order_is_seeded(tk: Any) -> None:
 def test_sharegpt_given_output_len_replaces_the_reply_length(
     tk: Any, output_len: str, values: set[int]
 ) -> None:
-    specs = take(sharegpt(SHAREGPT, tk, seed=0, output_len=output_len), 60)
+    specs = take(sharegpt(read_sharegpt(SHAREGPT, tk), seed=0, output_len=output_len), 60)
     assert {spec.output_len for spec in specs} == values
     pairs = usable_pairs(tk)
     assert all(spec.input_len == pairs[spec.prompt][0] for spec in specs)
@@ -362,7 +363,7 @@ def test_sharegpt_accepts_openai_style_messages(tmp_path: Path, tk: Any) -> None
     reply = "A recursive function solves a problem by calling itself on a smaller part of it."
     messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
     path.write_text(json.dumps([{"messages": messages}]))
-    spec = next(sharegpt(path, tk, seed=0))
+    spec = next(sharegpt(read_sharegpt(path, tk), seed=0))
     assert spec == RequestSpec(prompt, len(encode(tk, prompt)), len(encode(tk, reply)))
 
 
@@ -396,10 +397,42 @@ def test_malformed_sharegpt_files_name_the_file(
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(ValueError, match=re.escape(str(path)) + ".*" + re.escape(message)):
-        next(sharegpt(path, tk, seed=0))
+        next(sharegpt(read_sharegpt(path, tk), seed=0))
 
 
 def test_missing_sharegpt_file_names_the_file(tmp_path: Path, tk: Any) -> None:
     path = tmp_path / "nowhere.json"
     with pytest.raises(ValueError, match=re.escape(str(path))):
-        next(sharegpt(path, tk, seed=0))
+        next(sharegpt(read_sharegpt(path, tk), seed=0))
+
+
+def test_sharegpt_counts_what_it_dropped_and_how_often_it_reuses(tmp_path: Path, tk: Any) -> None:
+    """Before, short pairs were dropped and the rest recycled to reach --num-requests without
+    a word: the counts now reach config.json and the note bench run prints."""
+
+    def conv(prompt: str, reply: str) -> dict[str, Any]:
+        return {"conversations": [{"value": prompt}, {"value": reply}]}
+
+    items = [
+        conv("a long enough question here", "a long enough reply there"),
+        conv("another long enough question", "another long enough reply"),
+        {"conversations": [{"value": "only one turn in this one"}]},
+        conv("hi", "a long enough reply there"),
+        conv(" word" * 1100, "a long enough reply there"),
+    ]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(items))
+    data = read_sharegpt(path, tk)
+    assert len(data.pairs) == 2
+    assert data.as_dict() == {
+        "path": str(path),
+        "conversations": 5,
+        "used": 2,
+        "dropped_single_turn": 1,
+        "dropped_too_short": 1,
+        "dropped_too_long": 1,
+    }
+    text = data.describe(num_requests=7)
+    assert "2 of 5 conversations used (3 dropped" in text
+    assert "7 requests reuse each about 3.5 times" in text
+    assert "reuse" not in data.describe(num_requests=2)
