@@ -237,6 +237,17 @@ def run(
     ] = None,
     num_prefix_groups: Annotated[int | None, Opt(help="distinct shared prefixes")] = None,
     ignore_eos: Annotated[bool | None, Opt(help="ask for exactly the output length")] = None,
+    temperature: Annotated[
+        float | None, Opt(help="sampling temperature (default 0: greedy)")
+    ] = None,
+    top_p: Annotated[float | None, Opt(help="nucleus sampling (default: not sent)")] = None,
+    top_k: Annotated[int | None, Opt(help="top-k sampling (default: not sent)")] = None,
+    header: Annotated[
+        list[str] | None, Opt(help="NAME=VALUE sent with every request (repeatable)")
+    ] = None,
+    extra_body: Annotated[
+        str | None, Opt(help="JSON merged into every request body, e.g. '{\"min_p\": 0.1}'")
+    ] = None,
     slo: Annotated[str | None, Opt(help="goodput SLOs, e.g. ttft=0.5,tpot=0.05,e2e=10")] = None,
     max_p99_lag_ms: Annotated[
         float | None, Opt(help="p99 schedule lag above which the run is invalid")
@@ -270,7 +281,8 @@ def run(
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""
-    flags = {k: v for k, v in locals().items() if k not in ("profile", "no_dashboard")}
+    flags = {k: v for k, v in locals().items() if k not in ("profile", "no_dashboard", "header")}
+    flags["headers"] = header or None
     from bench_cli.run_command import execute
 
     raise typer.Exit(execute(profile, flags, dashboard=not no_dashboard, console=console))

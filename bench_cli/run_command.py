@@ -104,7 +104,7 @@ def run_one(
             from loadgen.backends import InProcessBackend
 
             backend = InProcessBackend.from_engine_args(
-                cfg.model, cfg.endpoint, cfg.ignore_eos, **cfg.engine
+                cfg.model, cfg.endpoint, cfg.ignore_eos, cfg.sampling(), **cfg.engine
             )
             config["target"] = {"kind": "bundled-in-process"}
             engine = backend.engine.engine
@@ -212,6 +212,9 @@ def _http_backend(cfg: RunConfig, base_url: str, tokenizer: Any) -> Any:
         max_connections=cfg.concurrency or 0,  # an open loop must never queue in the pool
         ignore_eos=cfg.ignore_eos,
         tokenizer=tokenizer,
+        extra_body=cfg.extra_body,
+        sampling=cfg.sampling(),
+        headers=cfg.headers,
     )
 
 

@@ -45,6 +45,8 @@ class OpenAIBackend:
         ignore_eos: bool = True,
         tokenizer: Any | None = None,
         extra_body: dict[str, Any] | None = None,
+        sampling: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         if endpoint not in ("completions", "chat"):
             raise ValueError(f"endpoint {endpoint!r}: expected completions or chat")
@@ -52,6 +54,8 @@ class OpenAIBackend:
         self.url = f"{base_url.rstrip('/')}/{path}"
         self.model, self.chat = model, endpoint == "chat"
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.headers |= headers or {}
+        self.sampling = sampling or {"temperature": 0.0}  # greedy unless asked otherwise
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.max_connections = max_connections
         self.ignore_eos = ignore_eos
@@ -71,7 +75,7 @@ class OpenAIBackend:
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": spec.output_len,
-            "temperature": 0.0,
+            **self.sampling,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
@@ -287,22 +291,34 @@ class InProcessBackend:
 
     name = "in-process"
 
-    def __init__(self, async_engine: Any, endpoint: str = "completions", ignore_eos: bool = True):
+    def __init__(
+        self,
+        async_engine: Any,
+        endpoint: str = "completions",
+        ignore_eos: bool = True,
+        sampling: dict[str, Any] | None = None,
+    ):
         self.engine = async_engine
         self.chat = endpoint == "chat"
         self.ignore_eos = ignore_eos
+        self.sampling = sampling or {"temperature": 0.0}  # the request body's sampling fields
         self._owned = False
 
     @classmethod
     def from_engine_args(
-        cls, model: str, endpoint: str = "completions", ignore_eos: bool = True, **engine_args: Any
+        cls,
+        model: str,
+        endpoint: str = "completions",
+        ignore_eos: bool = True,
+        sampling: dict[str, Any] | None = None,
+        **engine_args: Any,
     ) -> InProcessBackend:
         from engine.config import EngineConfig
         from engine.engine import LLMEngine
         from engine.serving.async_engine import AsyncLLMEngine
 
         engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args))
-        backend = cls(AsyncLLMEngine(engine), endpoint, ignore_eos)
+        backend = cls(AsyncLLMEngine(engine), endpoint, ignore_eos, sampling)
         backend._owned = True
         return backend
 
@@ -322,7 +338,7 @@ class InProcessBackend:
         if self.chat and tokenizer is not None and tokenizer.chat_template:
             prompt = tokenizer.encode_chat([{"role": "user", "content": spec.prompt}])
         params = SamplingParams(
-            max_tokens=spec.output_len, temperature=0.0, ignore_eos=self.ignore_eos
+            max_tokens=spec.output_len, ignore_eos=self.ignore_eos, **self.sampling
         )
         clock = time.perf_counter
         rec.send_s = clock() - t0

@@ -4,6 +4,7 @@ underscores) overlaid by the flags given, checked once, and recorded with every 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -62,6 +63,12 @@ class RunConfig:
     shared_prefix_len: int = 0
     num_prefix_groups: int = 1
     ignore_eos: bool = True
+    # what every request carries besides its prompt (vLLM's bench flags)
+    temperature: float = 0.0
+    top_p: float | None = None  # None: not sent (the server's default)
+    top_k: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    extra_body: dict[str, Any] = field(default_factory=dict)  # merged last into each body
     # judging and output
     slo: str | None = None
     max_p99_lag_ms: float = 10.0
@@ -121,15 +128,29 @@ class RunConfig:
         if self.rate == math.inf and self.num_requests is None and self.arrival != "trace":
             raise ValueError("--rate inf sends everything at once: give --num-requests")
         SLO.parse(self.slo)  # a typo must fail now, not after the whole run
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < -1:
+            raise ValueError(f"top_k must be >= 1 (or -1: off), got {self.top_k}")
+        if self.in_process and (self.headers or self.extra_body):
+            raise ValueError("--header and --extra-body go over HTTP: not with --in-process")
         for key in ("input_len", "output_len"):
             value = getattr(self, key)
             if value is not None:
                 LengthDist.parse(value)
 
+    def sampling(self) -> dict[str, Any]:
+        """The sampling fields of each request body, as the OpenAI API (and vLLM) names them."""
+        out: dict[str, Any] = {"temperature": self.temperature}
+        return out | {k: v for k, v in (("top_p", self.top_p), ("top_k", self.top_k)) if v}
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         if d["api_key"]:
             d["api_key"] = "***"
+        d["headers"] = {k: "***" if _secret(k) else v for k, v in self.headers.items()}
         return d
 
 
@@ -180,9 +201,14 @@ def build_config(
 
 
 def _coerce(key: str, value: Any) -> Any:
-    """Profiles may write lengths as numbers and rates as integers."""
+    """Profiles may write lengths as numbers and rates as integers; headers come as a table
+    or as `K=V` flags, an extra body as a table or as JSON text."""
     if key in ("input_len", "output_len"):
         return str(value)
+    if key == "headers":
+        return value if isinstance(value, dict) else dict(_header(h) for h in value)
+    if key == "extra_body":
+        return value if isinstance(value, dict) else _json_object(value)
     if key in (
         "rate",
         "burstiness",
@@ -191,6 +217,32 @@ def _coerce(key: str, value: Any) -> Any:
         "timeout",
         "max_p99_lag_ms",
         "telemetry_interval",
+        "temperature",
+        "top_p",
     ):
         return float(value)
     return value
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=") if "=" in text else text.partition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"header {text!r}: expected NAME=VALUE (or 'NAME: VALUE')")
+    return name.strip(), value.strip()
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--extra-body {text!r}: not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"--extra-body {text!r}: expected a JSON object, e.g. '{{\"min_p\": 0.1}}'"
+        )
+    return value
+
+
+def _secret(header: str) -> bool:
+    """Header values never written to a results file: credentials of any kind."""
+    return any(word in header.lower() for word in ("auth", "key", "token", "secret", "cookie"))

@@ -244,3 +244,14 @@ def test_a_sharegpt_run_says_how_much_of_the_file_it_used(
     flat = " ".join(printed.split())
     assert f"{used} of {total} conversations used" in flat
     assert f"20 requests reuse each about {20 / used:.1f} times" in flat
+
+
+def test_sampling_flags_reach_the_in_process_engine(tmp_path: Path) -> None:
+    rc, printed, run = bench_run(
+        tmp_path, in_process=True, temperature=1.0, top_p=0.9, top_k=5, num_requests=4
+    )
+    assert rc == 0, printed
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] == 4
+    run_cfg = summary["config"]["run"]
+    assert (run_cfg["temperature"], run_cfg["top_p"], run_cfg["top_k"]) == (1.0, 0.9, 5)

@@ -310,3 +310,45 @@ def test_the_recorded_config_says_what_was_used() -> None:
     cfg = build_config(traced, {"arrival": "constant", **BASE}, ENGINE)
     assert (cfg.trace, cfg.time_scale) == (None, 1.0)
     assert build_config(traced, {}, ENGINE).to_dict()["input_len"] is None
+
+
+# ---- what every request carries ---------------------------------------------------------------
+
+
+def test_headers_extra_body_and_sampling_are_parsed_and_recorded_without_secrets() -> None:
+    cfg = build(
+        headers=["X-Priority=1", "Authorization: Bearer sk-secret", "x-api-key=abc"],
+        extra_body='{"min_p": 0.1}',
+        temperature=0.5,
+        top_p=0.9,
+    )
+    assert cfg.headers == {
+        "X-Priority": "1",
+        "Authorization": "Bearer sk-secret",
+        "x-api-key": "abc",
+    }
+    assert cfg.extra_body == {"min_p": 0.1}
+    assert cfg.sampling() == {"temperature": 0.5, "top_p": 0.9}
+    recorded = cfg.to_dict()
+    assert recorded["headers"] == {"X-Priority": "1", "Authorization": "***", "x-api-key": "***"}
+    assert "sk-secret" not in repr(recorded) and "abc" not in repr(recorded)
+    assert build().sampling() == {"temperature": 0.0}  # greedy by default
+    profile = {**BASE, "headers": {"X-A": "b"}, "extra_body": {"n": 1}}
+    assert (build(profile).headers, build(profile).extra_body) == ({"X-A": "b"}, {"n": 1})
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"headers": ["no-separator"]}, "expected NAME=VALUE"),
+        ({"extra_body": "{min_p: 0.1}"}, "not JSON"),
+        ({"extra_body": "[1]"}, "expected a JSON object"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+        ({"top_k": -2}, "top_k must be >= 1"),
+        ({"in_process": True, "headers": ["X-A=1"]}, "not with --in-process"),
+    ],
+)
+def test_bad_request_fields_are_refused(flags: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build(**flags)

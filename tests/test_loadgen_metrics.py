@@ -8,6 +8,7 @@ import json
 import math
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -107,12 +108,42 @@ def test_records_round_trip_through_jsonl(tmp_path: Path) -> None:
     assert back[1].status == "cancelled" and math.isnan(back[1].scheduled_s)
 
 
+def test_peak_concurrency_counts_completed_requests_in_flight_over_send_to_end() -> None:
+    a = rec(0, 0.0, [0.2, 1.0], 2)  # in flight [0, 1)
+    b = rec(1, 0.5, [0.7, 2.0], 2)  # [0.5, 2)
+    c = rec(2, 0.6, [0.7, 0.9], 2)  # [0.6, 0.9): a, b and c at once
+    d = rec(3, 1.0, [1.1, 1.5], 2)  # starts as a ends: b and d only
+    e = rec(4, 2.0, [2.1, 2.2], 2)  # starts as b ends
+    failed = RequestRecord(5, "r5", 10, 2, scheduled_s=0.1, send_s=0.1, end_s=1.9)
+    failed.status = "error"  # in flight too, but vLLM counts completed requests only
+    warm = rec(6, 0.1, [0.5, 1.8], 2, warmup=True)
+    s = summarize([a, b, c, d, e, failed, warm], 3.0)
+    assert s["peak_concurrent_requests"] == 3
+    assert summarize([a, d, e], 3.0)["peak_concurrent_requests"] == 1  # touching: no overlap
+    assert summarize([], 1.0)["peak_concurrent_requests"] == 0
+
+
+def test_peak_output_throughput_bins_tokens_by_second_from_the_first_send() -> None:
+    a = rec(0, 0.7, [0.8, 1.5, 1.6], 3)  # 0.1, 0.8, 0.9 s after the first send: bin 0
+    b = rec(1, 0.9, [1.8, 2.0], 5)  # bin 1, carrying 2 + 3 tokens
+    b.chunk_tokens = [2, 3]
+    c = rec(2, 1.0, [2.6, 2.8], 2)  # bin 1 (1.9 and 2.1 s: bins 1 and 2)
+    s = summarize([a, b, c], 3.0)
+    # bins from the first send: 3, 5 + 1, 1 tokens; bins on the clock's whole seconds would
+    # give 1, 4, 5; one per chunk (not per token) 3, 3, 1.
+    assert s["peak_output_throughput"] == 6.0
+    assert summarize([a], 3.0)["peak_output_throughput"] == 3.0  # floor(t) bins would say 2
+    assert summarize([], 1.0)["peak_output_throughput"] == 0.0
+
+
 # ---- backends against misbehaving servers ------------------------------------------------
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-async def _serve_and_send(handler: Handler, timeout_s: float = 5.0) -> RequestRecord:
+async def _serve_and_send(
+    handler: Handler, timeout_s: float = 5.0, **backend_kw: Any
+) -> RequestRecord:
     app = web.Application()
     app.router.add_post("/v1/completions", handler)
     runner = web.AppRunner(app)
@@ -120,7 +151,8 @@ async def _serve_and_send(handler: Handler, timeout_s: float = 5.0) -> RequestRe
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", timeout_s=timeout_s)
+    url = f"http://127.0.0.1:{port}/v1"
+    backend = OpenAIBackend(url, "m", timeout_s=timeout_s, **backend_kw)
     await backend.start()
     r = RequestRecord(0, "r0", 3, 4)
     try:
@@ -354,3 +386,40 @@ def test_different_failures_or_a_short_run_are_not_stopped_early() -> None:
     assert outcome.stopped_early is None and backend.sent == 40
     outcome, backend = _run_failing(["refused"], 10)  # the whole load is its first ten
     assert outcome.stopped_early is None and backend.sent == 10
+
+
+def test_headers_sampling_and_extra_body_reach_the_server() -> None:
+    """--header, --temperature/--top-p/--top-k and --extra-body go into every request; the
+    extra body is merged last (it may override anything, as vLLM's does)."""
+    from bench_cli.run_command import _http_backend
+    from loadgen.config import build_config
+
+    seen: dict[str, Any] = {}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen["headers"], seen["body"] = dict(request.headers), await request.json()
+        return await _stream(
+            request, b'data: {"choices": [{"text": "x"}]}\n\n', b"data: [DONE]\n\n"
+        )
+
+    flags = {
+        "rate": 1.0,
+        "num_requests": 1,
+        "base_url": "http://h/v1",
+        "model": "m",
+        "api_key": "sk-1",
+        "headers": ["X-Priority=high", "X-Team: infra"],
+        "temperature": 0.7,
+        "top_k": 5,
+        "extra_body": '{"min_p": 0.1, "top_k": 7}',
+    }
+    cfg = build_config({}, flags, set())
+    kw = {
+        k: getattr(_http_backend(cfg, "http://h/v1", None), k) for k in ("sampling", "extra_body")
+    }
+    r = asyncio.run(_serve_and_send(handler, headers=cfg.headers, **kw))
+    assert r.status == "ok", r.error
+    assert seen["headers"]["X-Priority"] == "high" and seen["headers"]["X-Team"] == "infra"
+    body = seen["body"]
+    assert (body["temperature"], body["top_k"], body["min_p"]) == (0.7, 7, 0.1)
+    assert "top_p" not in body  # not given: the server's default
