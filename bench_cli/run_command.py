@@ -27,7 +27,7 @@ BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
 
 def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
-    from engine.model.loader import ModelLoadError
+    from engine.model.sources import ModelLoadError
 
     try:
         data = load_profile(profile)
@@ -160,7 +160,7 @@ def _default_model(cfg: RunConfig) -> str:
 
 def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
     """The one asked for; else the model's, when we can load it; else smollm2-135m's."""
-    from engine.model.loader import ModelLoadError
+    from engine.model.sources import ModelLoadError
 
     load_tokenizer = _cached_tokenizer  # a sweep loads the same one at every point
 
@@ -195,7 +195,7 @@ def _telemetry(cfg: RunConfig, server: LocalServer | None) -> Telemetry:
 
 @functools.lru_cache(maxsize=4)  # a sweep asks for the same one at every point
 def _cached_tokenizer(name: str) -> Any:
-    from engine.model.loader import load_tokenizer
+    from engine.model.sources import load_tokenizer
 
     return load_tokenizer(name)
 

@@ -1,14 +1,33 @@
-"""servebench's bundled inference engine: paged KV cache, continuous batching, chunked prefill."""
+"""servebench's bundled inference engine: paged KV cache, continuous batching, chunked prefill.
 
-# isort: off
+The engine's names are imported on first use (PEP 562): `engine.config` and
+`engine.model.sources` serve `bench run --base-url`, which must not pay for importing torch."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from engine.cpu_alloc import keep_freed_memory_in_heap
 
-keep_freed_memory_in_heap()  # before torch is imported below: see cpu_alloc.py
-# isort: on
-from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
-from engine.core.request import CompletionOutput, RequestOutput, SamplingParams  # noqa: E402
-from engine.engine import LLM, LLMEngine  # noqa: E402
+keep_freed_memory_in_heap()  # before torch is imported (by any submodule): see cpu_alloc.py
 
+if TYPE_CHECKING:
+    from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+    from engine.core.request import CompletionOutput, RequestOutput, SamplingParams
+    from engine.engine import LLM, LLMEngine
+
+_LAZY = {
+    "CacheConfig": "engine.config",
+    "EngineConfig": "engine.config",
+    "ModelConfig": "engine.config",
+    "SchedulerConfig": "engine.config",
+    "CompletionOutput": "engine.core.request",
+    "RequestOutput": "engine.core.request",
+    "SamplingParams": "engine.core.request",
+    "LLM": "engine.engine",
+    "LLMEngine": "engine.engine",
+}
 __all__ = [
     "LLM",
     "CacheConfig",
@@ -20,3 +39,11 @@ __all__ = [
     "SamplingParams",
     "SchedulerConfig",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value

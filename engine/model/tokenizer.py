@@ -158,6 +158,30 @@ class Tokenizer:
             chat_template=get("tokenizer.chat_template"),
         )
 
+    def to_json(self) -> str:
+        """Everything `from_json` needs to rebuild this tokenizer: HF's tokenizer.json and our
+        special-token settings (the GGUF tokenizer's cache, engine/model/sources.py)."""
+        return json.dumps(
+            {
+                "tokenizer_json": self.tokenizer.to_str(),
+                "eos_token_ids": list(self.eos_token_ids),
+                "bos_token_id": self.bos_token_id,
+                "add_bos": self.add_bos,
+                "chat_template": self.chat_template,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Tokenizer:
+        data = json.loads(text)
+        return cls(
+            HFTokenizer.from_str(data["tokenizer_json"]),
+            eos_token_ids=tuple(data["eos_token_ids"]),
+            bos_token_id=data["bos_token_id"],
+            add_bos=data["add_bos"],
+            chat_template=data["chat_template"],
+        )
+
     @classmethod
     def from_hf_dir(cls, path: Path) -> Tokenizer:
         tk = HFTokenizer.from_file(str(path / "tokenizer.json"))
