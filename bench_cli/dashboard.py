@@ -1,7 +1,8 @@
-"""The live view of a run (rich Live): progress, achieved vs target rate, rolling latencies,
-throughput, and the hardware and engine telemetry with sparklines. It redraws from the event
-loop twice a second, in a gap of the send schedule (no thread competing with the sender, no
-send delayed by a redraw); without a terminal it prints a progress line every 5 s instead."""
+"""The live view of a run (rich Live): a progress bar with ETA, achieved vs target rate,
+rolling latencies, throughput, and the hardware and engine telemetry as sparklines with their
+units. It redraws from the event loop twice a second, in a gap of the send schedule (no thread
+competing with the sender, no send delayed by a redraw); without a terminal it prints a
+progress line every 5 s instead."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ import numpy as np
 from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
+from rich.progress_bar import ProgressBar
 from rich.table import Table
+
+from bench_cli.signals import signal
 
 SPARKS = "▁▂▃▄▅▆▇█"
 WINDOW = 100  # rolling latencies over the last requests that finished
+TREND = 20  # sparkline width: the telemetry table must fit an 80-column terminal
 
 
 def sparkline(values: list[float], width: int = 30) -> str:
@@ -26,6 +31,36 @@ def sparkline(values: list[float], width: int = 30) -> str:
     lo, hi = min(v), max(v)
     span = (hi - lo) or 1.0
     return "".join(SPARKS[int((x - lo) / span * (len(SPARKS) - 1))] for x in v)
+
+
+def _duration(seconds: float) -> str:
+    s = round(seconds)
+    return f"{s} s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s / 3600:.1f} h"
+
+
+def progress(
+    done: int,
+    total: int | None,
+    elapsed_s: float,
+    duration_s: float | None,
+    schedule_left_s: float = 0.0,
+) -> tuple[float, str] | None:
+    """(fraction done, "50/100 requests · ETA 10 s"): by requests ended when the run has a
+    count, by the clock when it has a duration (whichever is further along), None with
+    neither. The request ETA extrapolates the pace so far, but never ends before the send
+    schedule does."""
+    options = []
+    if total:
+        eta = elapsed_s * (total - done) / done if done else None
+        if eta is not None:
+            eta = max(eta, schedule_left_s)
+        text = f"{done}/{total} requests · ETA {'-' if eta is None else _duration(eta)}"
+        options.append((min(done / total, 1.0), text))
+    if duration_s:
+        left = max(duration_s - elapsed_s, 0.0)
+        text = f"{elapsed_s:.0f}/{duration_s:g} s · ETA {_duration(left)}"
+        options.append((min(elapsed_s / duration_s, 1.0), text))
+    return max(options, key=lambda o: o[0]) if options else None
 
 
 def _pct(values: np.ndarray) -> str:
@@ -51,6 +86,7 @@ class Dashboard:
         self.console = console
         self.refresh_s, self.line_every_s = refresh_s, line_every_s
         self.started = time.perf_counter()
+        self.tok_s: list[float] = []  # output tok/s at each redraw, for its sparkline
 
     def render(self) -> Group:
         r = self.runner
@@ -61,27 +97,55 @@ class Dashboard:
         total = f"/{p.total}" if p.total else ""
         rate = p.sent / elapsed if elapsed > 0.5 else 0.0
         target = f" of {self.target_rate:g}" if self.target_rate else ""
+        tok_s = self._throughput(now)
+        if r.t0:
+            self.tok_s = [*self.tok_s[-59:], tok_s]
         head = Group(  # short lines: an 80-column terminal must not wrap them
             f"[bold]{self.title}[/]",
             f"{status} · sent {p.sent}{total} · in flight {p.in_flight} · "
             f"[green]ok {p.completed}[/] · [red]failed {p.failed}[/]",
-            f"rate {rate:.2f}{target} req/s · {self._throughput(now)}",
+            f"rate {rate:.2f}{target} req/s · {tok_s:.1f} output tok/s (last 10 s)"
+            if r.t0
+            else f"rate {rate:.2f}{target} req/s",
         )
+        parts: list[Any] = [head]
+        bar = self._progress(elapsed)
+        if bar is not None and not p.warming_up:
+            parts.append(bar)
         lat = Table(title="p50 / p99 ms, last requests", expand=False)
         for col in ("TTFT", "ITL", "TPOT", "E2E"):
             lat.add_column(col, justify="right")
         lat.add_row(*self._latencies())
-        parts: list[Any] = [head, lat]
+        parts.append(lat)
         tel = self._telemetry()
         if tel is not None:
             parts.append(tel)
         return Group(Panel(Group(*parts), title="servebench", border_style="blue"))
 
-    def _throughput(self, now: float) -> str:
-        """Output tokens of the requests that ended in the last 10 s (cheap: no chunk walk)."""
+    def _progress_state(self, elapsed: float) -> tuple[float, str] | None:
+        r = self.runner
+        plan = getattr(r, "plan", None)
+        offsets = getattr(plan, "offsets", None)
+        schedule_left = offsets[-1] - elapsed if offsets else 0.0
+        done = r.progress.completed + r.progress.failed
+        duration = getattr(plan, "duration_s", None)
+        return progress(done, r.progress.total, elapsed, duration, schedule_left)
+
+    def _progress(self, elapsed: float) -> Table | None:
+        """A bar with the requests (or seconds) done and the time left."""
+        state = self._progress_state(elapsed)
+        if state is None:
+            return None
+        fraction, text = state
+        row = Table.grid(padding=(0, 1))
+        row.add_row(ProgressBar(total=1.0, completed=fraction, width=30), text)
+        return row
+
+    def _throughput(self, now: float) -> float:
+        """Output tokens/s of the requests that ended in the last 10 s (cheap: no chunk walk)."""
         r = self.runner
         if not r.t0:
-            return ""
+            return 0.0
         since = now - r.t0 - 10.0
         tokens = 0
         for rec in reversed(r.records[-WINDOW:]):
@@ -89,7 +153,7 @@ class Dashboard:
                 break
             tokens += rec.output_tokens if rec.ok else 0
         window = min(10.0, max(now - r.t0, 1e-3))
-        return f"{tokens / window:.1f} output tok/s (last 10 s)"
+        return tokens / window
 
     def _latencies(self) -> list[str]:
         recs = [x for x in self.runner.records[-WINDOW:] if x.ok]
@@ -107,27 +171,39 @@ class Dashboard:
         return [_pct(first - send), _pct(itl), _pct(tpot), _pct(end - send)]
 
     def _telemetry(self) -> Table | None:
+        """A sparkline per signal with its unit (CPU % is per core: 200 is two cores busy)."""
         rows = self.telemetry.rows[-60:] if self.telemetry is not None else []
         names = list(dict.fromkeys(k for row in rows for k in row if k != "t"))
         names = [k for k in names if not k.endswith("_total_mb")]
-        if not names:
+        if not names and not self.tok_s:
             return None
-        table = Table(title="telemetry", expand=False)
+        span = rows[-1]["t"] - rows[max(0, len(rows) - TREND)]["t"] if len(rows) > 1 else 0.0
+        table = Table(title=f"telemetry, last {span:.0f} s", expand=False)
         table.add_column("signal")
         table.add_column("now", justify="right")
-        table.add_column("last 6 s")
+        table.add_column("unit")
+        table.add_column("trend")
+        if self.tok_s:
+            table.add_row(
+                "output", f"{self.tok_s[-1]:.1f}", "tok/s (10 s)", sparkline(self.tok_s, TREND)
+            )
         for name in names:
             series = [row[name] for row in rows if name in row]
-            table.add_row(name, f"{series[-1]:.1f}", sparkline(series))
+            sig = signal(name)
+            label = sig.label.removeprefix("engine ")  # the engine's gauges, by name
+            table.add_row(label, f"{series[-1]:.1f}", sig.unit, sparkline(series, TREND))
         return table
 
     def line(self) -> str:
         p = self.runner.progress
         elapsed = time.perf_counter() - self.runner.t0 if self.runner.t0 else 0.0
         ttft, itl, tpot, e2e = self._latencies()
+        state = self._progress_state(elapsed)
+        eta = f", {state[1]}" if state and not p.warming_up else ""
         return (
-            f"{self.title}: {elapsed:.0f} s, sent {p.sent}, ok {p.completed}, failed {p.failed}, "
-            f"in flight {p.in_flight}; p50/p99 ms: TTFT {ttft}, ITL {itl}, TPOT {tpot}, E2E {e2e}"
+            f"{self.title}: {elapsed:.0f} s{eta}, sent {p.sent}, ok {p.completed}, "
+            f"failed {p.failed}, in flight {p.in_flight}; "
+            f"p50/p99 ms: TTFT {ttft}, ITL {itl}, TPOT {tpot}, E2E {e2e}"
         )
 
     async def _schedule_gap(self, need_s: float = 0.006, give_up_s: float = 0.5) -> None:

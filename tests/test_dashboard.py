@@ -3,23 +3,63 @@ capture-pane; and the plain progress lines a log gets instead."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from rich.console import Console
 
-from bench_cli.dashboard import sparkline
+from bench_cli.dashboard import Dashboard, sparkline
+from loadgen.runner import Progress
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+needs_tmux = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
 
 
 def test_sparkline() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert sparkline([5, 5, 5]) == "▁▁▁" and sparkline([]) == ""
+
+
+def _screen(progress: Progress, elapsed_s: float, duration_s: float | None = None) -> str:
+    """The live panel rendered as text, for a runner `elapsed_s` into its load."""
+    runner = SimpleNamespace(
+        progress=progress,
+        t0=time.perf_counter() - elapsed_s,
+        records=[],
+        plan=SimpleNamespace(duration_s=duration_s, offsets=None),
+        next_send=None,
+    )
+    rows = [
+        {"t": 0.1 * i, "server_cpu_percent": 150.0, "server_rss_mb": 3000.0, "engine_running": 3}
+        for i in range(20)
+    ]
+    buf = io.StringIO()
+    console = Console(file=buf, width=100, force_terminal=False)
+    view = Dashboard(runner, SimpleNamespace(rows=rows), "t", 4.0, console)
+    console.print(view.render())
+    return buf.getvalue()
+
+
+def test_the_live_view_shows_progress_with_an_eta_from_requests_done() -> None:
+    screen = _screen(Progress(total=100, sent=60, completed=40, failed=10), elapsed_s=10.0)
+    assert "50/100 requests" in screen and "ETA 10 s" in screen, screen  # half done in 10 s
+
+
+def test_a_duration_run_shows_its_eta_from_the_clock() -> None:
+    screen = _screen(Progress(sent=5, completed=5), elapsed_s=15.0, duration_s=60.0)
+    assert "15/60 s" in screen and "ETA 45 s" in screen, screen
+
+
+def test_sparklines_say_their_units() -> None:
+    screen = _screen(Progress(total=10), elapsed_s=1.0)
+    assert "% (100 = one core)" in screen and "MB" in screen, screen
+    assert "requests" in screen and "tok/s" in screen, screen
 
 
 def pane(session: str) -> str:
@@ -29,6 +69,7 @@ def pane(session: str) -> str:
     return out.stdout
 
 
+@needs_tmux
 def test_dashboard_in_a_terminal(tmp_path: Path, mock_server: Callable[..., str]) -> None:
     url = mock_server("--ttft", "0.05", "--itl", "0.02")
     out = tmp_path / "run"
@@ -71,4 +112,5 @@ def test_without_a_terminal_a_log_gets_progress_lines(
         line for line in done.stdout.splitlines() if line.startswith("default: ") and " s, " in line
     ]
     assert lines and "sent" in lines[0] and "TTFT" in lines[0]  # one every 5 s
+    assert "/70 requests · ETA" in lines[0], lines[0]
     assert "╭" not in done.stdout  # no live panel in a log
