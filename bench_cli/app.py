@@ -328,25 +328,38 @@ def gate(
 ) -> None:
     """Judge a run or sweep: against a baseline (--max-regression) and/or by ratios inside
     it (--ratio). Exit 1 if anything fails, 2 on unusable input."""
-    from bench_cli.gate import GateInputError, Limit, Ratio, load_results
-    from bench_cli.gate import gate as run_gate
+    from bench_cli.gate import (
+        GateInputError,
+        Limit,
+        Ratio,
+        compare,
+        load_differences,
+        load_results,
+        noise_note,
+    )
 
     try:
         if not max_regression and not ratio:
             raise GateInputError("nothing to check: give --max-regression and/or --ratio")
         if max_regression and baseline is None:
             raise GateInputError("--max-regression needs --baseline")
-        checks = []
+        checks, judged, warnings = [], [], []
+        cur = load_results(current)
         if max_regression:
             limits = [Limit.parse(m) for m in max_regression]
-            checks += run_gate(current, baseline, limits)  # type: ignore[arg-type]
+            base = load_results(baseline)  # type: ignore[arg-type]
+            checks += compare(cur, base, limits)
+            judged += [base, cur]
+            if differ := load_differences(cur, base):
+                warnings.append("the two were not given the same load: " + "; ".join(differ))
         if ratio:
-            results = load_results(current)
-            checks += [c for r in ratio for c in Ratio.parse(r).evaluate(results)]
+            checks += [c for r in ratio for c in Ratio.parse(r).evaluate(cur)]
+            judged.append(cur)
     except GateInputError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
-    table = Table(title=f"gate: {current}" + (f" vs {baseline}" if baseline else ""))
+    title = f"gate: {current}" + (f" vs {baseline}" if baseline else "")
+    table = Table(title=escape(title))
     for col in ("check", "point", "baseline / bottom", "current / top", "change", "limit", ""):
         table.add_column(col, justify="left" if col in ("check", "point") else "right")
     for c in checks:
@@ -354,18 +367,26 @@ def gate(
             "[yellow]noise[/]" if c.noise else "[green]pass[/]" if c.passed else "[bold red]FAIL[/]"
         )
         is_ratio = "[" in c.metric
+        change = f"x{c.change:.2f}" if is_ratio else f"{c.change:+.1%}"
         table.add_row(
-            c.metric,
-            c.point,
+            escape(c.metric),
+            escape(c.point),
             f"{c.baseline:.4g}",
             f"{c.current:.4g}",
-            f"x{c.change:.2f}" if is_ratio else f"{c.change:+.1%}",
+            change if c.change == c.change else "-",  # NaN: no ratio (see the note)
             f"{c.limit:g}" if is_ratio else f"{c.limit:.0%} worse",
             verdict,
         )
     console.print(table)
+    for c in checks:
+        if c.note:
+            console.print(f"[red]{escape(c.note)}[/]", highlight=False)
     if any(c.noise for c in checks):
         console.print("[yellow]noise[/]: worse than the limit, but inside both runs' 95% CIs")
+    for text in warnings:
+        console.print(f"[yellow]warning[/]: {escape(text)}", highlight=False)
+    if note := noise_note(judged):
+        console.print(f"[yellow]note[/]: {escape(note)}", highlight=False)
     raise typer.Exit(0 if all(c.passed for c in checks) else 1)
 
 

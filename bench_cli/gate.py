@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from bench_cli.sweep_grid import grid
+from loadgen.config import RunConfig
 from loadgen.metrics import DISTRIBUTIONS, STATS
 
 # Summary metrics where more is better; the latency distributions and failure counts are the
@@ -65,16 +69,63 @@ def direction(metric: str) -> int:
     raise GateInputError(f"metric {metric!r} cannot be gated; known: {', '.join(known)}, ...")
 
 
+# What a run was measured under: two runs that differ here were not given the same load (or
+# judged by the same SLO), so their numbers differ for reasons other than the server.
+LOAD_KEYS = (
+    "endpoint",
+    "arrival",
+    "rate",
+    "burstiness",
+    "concurrency",
+    "trace",
+    "trace_format",
+    "trace_model",
+    "time_scale",
+    "num_requests",
+    "duration",
+    "input_len",
+    "output_len",
+    "dataset",
+    "shared_prefix_len",
+    "num_prefix_groups",
+    "ignore_eos",
+    "slo",
+)
+
+
 @dataclass(slots=True)
 class Results:
-    """A run (one row) or a sweep (one row a point), metrics under their dotted names."""
+    """A run (one row) or a sweep (one row a point, its repeats averaged), metrics under their
+    dotted names."""
 
     rows: list[dict[str, Any]]
     axes: list[str]  # the sweep's axes ([] for a run)
     where: str
+    load: dict[str, Any]  # LOAD_KEYS the rows share ({} when the files do not say)
+    runs: int  # the fewest runs behind a row: 1 means no confidence interval
 
-    def key(self, row: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(f"{a}={row[a]}" for a in self.axes)
+    def key(self, row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+        return tuple((a, typed(row[a])) for a in self.axes)
+
+    def label(self, row: dict[str, Any]) -> str:
+        return " ".join(f"{a}={row[a]}" for a in self.axes)
+
+
+def typed(value: Any) -> tuple[str, Any]:
+    """A setting as the thing it means, so a CSV's `1.0` is the selector's `1` and pandas'
+    `True` is `true`: numbers compare as numbers, booleans case-insensitively, the rest as text.
+    The tag keeps True apart from 1."""
+    if isinstance(value, bool | np.bool_):
+        return ("bool", bool(value))
+    if isinstance(value, numbers.Real):
+        return ("number", float(value))
+    text = str(value).strip()
+    if text.lower() in ("true", "false"):
+        return ("bool", text.lower() == "true")
+    try:
+        return ("number", float(text))
+    except ValueError:
+        return ("text", text)
 
 
 def load_results(path: str | Path) -> Results:
@@ -84,13 +135,40 @@ def load_results(path: str | Path) -> Results:
         import pandas as pd
 
         try:
-            axes = list(json.loads((p / "sweep.json").read_text())["axes"])
+            plan = json.loads((p / "sweep.json").read_text())
+            axes = list(plan["axes"])
         except (OSError, ValueError, KeyError) as e:
             raise GateInputError(f"{path}: sweep.json is missing or unreadable: {e}") from e
-        frame = pd.read_csv(p / "sweep.csv")
-        return Results(frame.to_dict("records"), axes, str(path))
+        rows = pd.read_csv(p / "sweep.csv").to_dict("records")
+        runs = min((int(r.get("runs", 1)) for r in rows), default=1)
+        return Results(rows, axes, str(path), _sweep_load(plan), runs)
     summary = load_summary(p)
-    return Results([_flatten(summary)], [], str(path))
+    run = (summary.get("config") or {}).get("run") or {}
+    load = {k: run.get(k) for k in LOAD_KEYS} if run else {}
+    return Results([_flatten(summary)], [], str(path), load, 1)
+
+
+def _sweep_load(plan: dict[str, Any]) -> dict[str, Any]:
+    """The load every point shared: the profile's (defaults where it is silent), less what an
+    axis varies (points are matched on those)."""
+    profile = plan.get("profile")
+    if not isinstance(profile, dict) or not isinstance(plan["axes"], dict):
+        return {}
+    varied = set(plan["axes"]) | {k for p in grid(plan["axes"]) for k in p.settings}
+    defaults = RunConfig()
+    return {k: profile.get(k, getattr(defaults, k)) for k in LOAD_KEYS if k not in varied}
+
+
+def load_differences(current: Results, baseline: Results) -> list[str]:
+    """The load settings in which the two differ, as `key: baseline -> current`."""
+    if not current.load or not baseline.load:
+        return []
+    return [
+        f"{k}: {baseline.load.get(k)} -> {current.load.get(k)}"
+        for k in LOAD_KEYS
+        if (k in current.load or k in baseline.load)
+        and typed(current.load.get(k)) != typed(baseline.load.get(k))
+    ]
 
 
 def load_summary(path: str | Path) -> dict[str, Any]:
@@ -135,6 +213,7 @@ class Check:
     limit: float
     passed: bool
     noise: bool = False  # worse than the limit, but the 95 % confidence intervals overlap
+    note: str = ""  # why a check failed that no number says
 
 
 def check(
@@ -158,28 +237,54 @@ def check(
     )
 
 
-def gate(current: str | Path, baseline: str | Path, limits: list[Limit]) -> list[Check]:
+def compare(current: Results, baseline: Results, limits: list[Limit]) -> list[Check]:
     """Every limit at every point the two have in common (a run has one point)."""
-    cur, base = load_results(current), load_results(baseline)
-    if cur.axes != base.axes:
-        raise GateInputError(f"{current} and {baseline} are not the same kind of sweep")
-    base_rows = {base.key(r): r for r in base.rows}
-    pairs = [(cur.key(r), r, base_rows.get(cur.key(r))) for r in cur.rows]
-    if not any(b is not None for _, _, b in pairs):
-        raise GateInputError(f"{current} and {baseline} share no sweep point")
+    if current.axes != baseline.axes:
+        raise GateInputError(f"{current.where} and {baseline.where} are not the same kind of sweep")
+    base_rows = _by_point(baseline)
+    pairs = [(row, base_rows.get(key)) for key, row in _by_point(current).items()]
+    if not any(b is not None for _, b in pairs):
+        raise GateInputError(f"{current.where} and {baseline.where} share no sweep point")
     checks = []
-    for key, row, brow in pairs:
+    for row, brow in pairs:
         if brow is None:
             continue
-        point = " ".join(key)
+        point = current.label(row)
         for lim in limits:
-            b = value_of(brow, lim.metric, f"{baseline} {point}".strip())
-            c = value_of(row, lim.metric, f"{current} {point}".strip())
+            b = value_of(brow, lim.metric, f"{baseline.where} {point}".strip())
+            c = value_of(row, lim.metric, f"{current.where} {point}".strip())
             cis = (brow.get(f"{lim.metric}.ci95"), row.get(f"{lim.metric}.ci95"))
             real = all(isinstance(x, numbers.Real) and not math.isnan(x) for x in cis)
             ci = (float(cis[0]), float(cis[1])) if real else None  # type: ignore[arg-type]
             checks.append(check(lim, b, c, point, ci))
     return checks
+
+
+def _by_point(results: Results) -> dict[tuple, dict[str, Any]]:
+    """Rows by their point; a repeated point is one row (its runs averaged), so two rows with
+    the same settings cannot be told apart: which one to judge would be a guess."""
+    out: dict[tuple, dict[str, Any]] = {}
+    for row in results.rows:
+        key = results.key(row)
+        if key in out:
+            raise GateInputError(
+                f"{results.where}: two rows for the point {results.label(row)!r}; "
+                "a sweep lists each point once"
+            )
+        out[key] = row
+    return out
+
+
+def noise_note(judged: list[Results]) -> str | None:
+    """Without repeats there is no confidence interval, so a change may be noise: two identical
+    single runs have differed by 40 % in TTFT p99."""
+    single = [r.where for r in judged if r.runs < 2]
+    if not single:
+        return None
+    return (
+        f"no noise estimate: {' and '.join(dict.fromkeys(single))} has one run per point, so a "
+        "change may be run-to-run noise; `bench sweep --repeat N` (N >= 3) gives 95% CIs"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +293,7 @@ class Ratio:
     ratio inside one sweep, at every value of its other axes; free of machine speed."""
 
     metric: str
-    top: dict[str, str]
+    top: dict[str, str]  # axis -> value, as written
     bottom: dict[str, str]
     op: str
     bound: float
@@ -212,24 +317,54 @@ class Ratio:
         if unknown:
             raise GateInputError(f"ratio {self.text!r}: {sorted(unknown)} not axes of the sweep")
         rest = [a for a in results.axes if a not in chosen]
-        groups: dict[tuple, dict[str, dict[str, Any]]] = {}
+        groups: dict[tuple, dict[str, list[dict[str, Any]]]] = {}
         for row in results.rows:
             for side, sel in (("top", self.top), ("bottom", self.bottom)):
-                if all(str(row[k]) == v for k, v in sel.items()):
-                    groups.setdefault(tuple(row[a] for a in rest), {})[side] = row
-        checks = []
-        for key, sides in groups.items():
-            if len(sides) < 2:
-                continue
-            point = " ".join(f"{a}={v}" for a, v in zip(rest, key, strict=True))
-            top = value_of(sides["top"], self.metric, results.where)
-            bottom = value_of(sides["bottom"], self.metric, results.where)
-            ratio = top / bottom if bottom else math.inf
-            ok = ratio >= self.bound if self.op == ">=" else ratio <= self.bound
-            checks.append(Check(self.text, point, bottom, top, ratio, self.bound, ok))
-        if not checks:
+                if all(typed(row[k]) == typed(v) for k, v in sel.items()):
+                    group = groups.setdefault(tuple(typed(row[a]) for a in rest), {})
+                    group.setdefault(side, []).append(row)
+        if not groups:
             raise GateInputError(f"ratio {self.text!r}: no point has both sides in {results.where}")
+        checks = []
+        for sides in groups.values():
+            some = next(iter(sides.values()))[0]
+            point = " ".join(f"{a}={some[a]}" for a in rest)
+            top, bottom = (self._one(sides, side, point, results) for side in ("top", "bottom"))
+            checks.append(self._check(top, bottom, point, results.where))
         return checks
+
+    def _one(
+        self, sides: dict[str, list[dict[str, Any]]], side: str, point: str, results: Results
+    ) -> dict[str, Any]:
+        """The single row one side selects at this point: none or several is unusable."""
+        rows = sides.get(side, [])
+        sel = ",".join(f"{k}={v}" for k, v in (self.top if side == "top" else self.bottom).items())
+        at = f" at {point}" if point else ""
+        if not rows:
+            raise GateInputError(
+                f"ratio {self.text!r}: no row of {results.where} matches [{sel}]{at}"
+            )
+        if len(rows) > 1:
+            names = "; ".join(results.label(r) for r in rows)
+            raise GateInputError(
+                f"ratio {self.text!r}: [{sel}]{at} matches {len(rows)} rows ({names}); "
+                "name more axes in the selector"
+            )
+        return rows[0]
+
+    def _check(
+        self, top_row: dict[str, Any], bottom_row: dict[str, Any], point: str, where: str
+    ) -> Check:
+        at = f"{where} {point}".strip()
+        top = value_of(top_row, self.metric, at)
+        bottom = value_of(bottom_row, self.metric, at)
+        if top == 0 or bottom == 0:  # nothing measured on one side: no ratio to trust
+            side = "denominator" if bottom == 0 else "numerator"
+            note = f"{self.text}{' at ' + point if point else ''}: the {side} is 0"
+            return Check(self.text, point, bottom, top, math.nan, self.bound, False, note=note)
+        ratio = top / bottom
+        ok = ratio >= self.bound if self.op == ">=" else ratio <= self.bound
+        return Check(self.text, point, bottom, top, ratio, self.bound, ok)
 
 
 def _selector(text: str, whole: str) -> dict[str, str]:

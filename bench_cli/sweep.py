@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
 from bench_cli.local_server import ServerStartError
@@ -123,16 +124,19 @@ def run_sweep(
         for point in points:  # every point's config must resolve before the first runs
             resolve_config(base, _point_flags(flags, point, sweep_dir))
     except (ValueError, OSError, ModelLoadError) as e:
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     write_json(sweep_dir / "sweep.json", plan)
-    console.print(f"sweep {name}: {len(points)} points x {repeat} runs -> {sweep_dir}/")
+    console.print(
+        escape(f"sweep {name}: {len(points)} points x {repeat} runs -> {sweep_dir}/"),
+        highlight=False,
+    )
     rows: list[dict[str, Any]] = []
     for point in points:
         summaries = []
         for k in range(repeat):
             out = sweep_dir / point.dirname / (f"run{k + 1}" if repeat > 1 else "")
-            title = f"[{point.index + 1}/{len(points)}] {point.label}" + (
+            title = escape(f"[{point.index + 1}/{len(points)}] {point.label}") + (
                 f" (run {k + 1}/{repeat})" if repeat > 1 else ""
             )
             summary = _finished(out)
@@ -146,10 +150,14 @@ def run_sweep(
                     out_dir = run_dir(str(out), name)
                     summary = run_one(cfg, out_dir, dashboard, console, report=False)
                 except (ServerStartError, ValueError, ModelLoadError) as e:
-                    console.print(f"[bold red]error at {point.label}:[/] {e}", highlight=False)
+                    console.print(
+                        f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False
+                    )
                     return 2
                 except ProbeFailed as e:
-                    console.print(f"[bold red]error at {point.label}:[/] {e}", highlight=False)
+                    console.print(
+                        f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False
+                    )
                     return 1
                 if summary["interrupted"]:
                     console.print("[yellow]interrupted[/]: finished points are kept (--resume)")

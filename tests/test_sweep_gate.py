@@ -21,7 +21,7 @@ from bench_cli.sweep import aggregate, run_sweep, slo_attainment, t975
 from bench_cli.sweep_grid import grid, load_sweep
 from bench_cli.sweep_table import knee
 from engine.config import EngineConfig, engine_arg_names
-from loadgen.config import PROFILE_DIR, build_config, load_profile
+from loadgen.config import PROFILE_DIR, RunConfig, build_config, load_profile
 
 SWEEP = """
 name = "two"
@@ -144,6 +144,14 @@ def test_resume_refuses_a_changed_sweep(swept: tuple[Path, Path, str]) -> None:
     assert rc == 2 and "changed since it started: flags, repeat" in printed
 
 
+def test_sweep_errors_are_printed_as_written(tmp_path: Path) -> None:
+    """Rich markup would eat `[sweep]` out of the message."""
+    plain = tmp_path / "plain.toml"
+    plain.write_text('name = "x"\n')
+    rc, printed = sweep(tmp_path, plain)
+    assert rc == 2 and "has no [sweep] table" in printed, printed
+
+
 def test_slo_attainment_counts_failed_requests_as_misses() -> None:
     # 8 completed, all inside the SLO, 2 failed: 8 of the 10 sent met it (DistServe)
     summary = _summary(completed=8, failed=2, request_throughput=0.8, goodput=0.8)
@@ -210,10 +218,13 @@ def _summary(**over: float) -> dict[str, Any]:
 
 
 def write_run(path: Path, **over: Any) -> Path:
+    """A run folder's summary.json; `load` is its config's run settings (as RunConfig.to_dict)."""
     path.mkdir(parents=True)
-    s = _summary(**{k: v for k, v in over.items() if k != "ttft_p99"})
+    s = _summary(**{k: v for k, v in over.items() if k not in ("ttft_p99", "load")})
     if "ttft_p99" in over:
         s["ttft_s"]["p99"] = over["ttft_p99"]
+    if "load" in over:
+        s["config"] = {"run": RunConfig(**over["load"]).to_dict()}
     (path / "summary.json").write_text(json.dumps(s))
     return path
 
@@ -268,9 +279,14 @@ def test_limits_parse_and_check() -> None:
     assert check(Limit("goodput", 0.0), 0.0, 1.0).passed
 
 
-def write_sweep(path: Path, rows: list[dict[str, Any]]) -> Path:
+def write_sweep(
+    path: Path,
+    rows: list[dict[str, Any]],
+    axes: tuple[str, ...] = ("batching", "rate"),
+    **plan: Any,
+) -> Path:
     path.mkdir(parents=True)
-    (path / "sweep.json").write_text(json.dumps({"axes": {"batching": [], "rate": []}}))
+    (path / "sweep.json").write_text(json.dumps({"axes": {a: [] for a in axes}, **plan}))
     pd.DataFrame(rows).to_csv(path / "sweep.csv", index=False)
     return path
 
@@ -308,7 +324,7 @@ def test_gate_ratios_inside_one_sweep(tmp_path: Path) -> None:
     for bad, message in (
         ("output_throughput[batching=continuous]/goodput[batching=static]>=2", "expected"),
         ("output_throughput[mode=a]/output_throughput[mode=b]>=2", "not axes"),
-        ("output_throughput[batching=fast]/output_throughput[batching=static]>=2", "no point"),
+        ("output_throughput[batching=fast]/output_throughput[batching=static]>=2", "no row"),
     ):
         rc, out = gate(str(sweep_dir), "--ratio", bad)
         assert rc == 2 and message in out, out
@@ -335,6 +351,131 @@ def test_bench_cli_has_no_import_cycle() -> None:
 
     circles = sorted(m for m in imports if m in reaches(m, set()))
     assert circles == [], f"modules on an import circle: {circles}"
+
+
+def test_gate_prints_a_ratio_as_written(tmp_path: Path) -> None:
+    """Rich markup would eat `[batching=continuous]` out of the check's name."""
+    rows = [
+        {"batching": "static", "rate": 1, "output_throughput": 50.0},
+        {"batching": "continuous", "rate": 1, "output_throughput": 120.0},
+    ]
+    ratio = "output_throughput[batching=continuous]/output_throughput[batching=static]>=2"
+    rc, out = gate(str(write_sweep(tmp_path / "s", rows)), "--ratio", ratio)
+    assert rc == 0 and ratio in out
+
+
+@pytest.mark.parametrize(("static", "continuous"), [(0.0, 0.0), (0.0, 10.0), (10.0, 0.0)])
+def test_a_ratio_with_a_zero_side_fails(tmp_path: Path, static: float, continuous: float) -> None:
+    rows = [
+        {"batching": "static", "rate": 1, "output_throughput": static},
+        {"batching": "continuous", "rate": 1, "output_throughput": continuous},
+    ]
+    sweep_dir = write_sweep(tmp_path / "s", rows)
+    for op in (">=2", "<=2"):  # 0/0 and x/0 are not infinitely good, 0/x not perfectly small
+        ratio = f"output_throughput[batching=continuous]/output_throughput[batching=static]{op}"
+        rc, out = gate(str(sweep_dir), "--ratio", ratio)
+        side = "denominator" if static == 0 else "numerator"
+        assert rc == 1 and out.count("FAIL") == 1 and f"the {side} is 0" in out, out
+
+
+def test_a_ratio_missing_one_side_at_a_point_is_unusable(tmp_path: Path) -> None:
+    rows = [
+        {"batching": "static", "rate": 1, "output_throughput": 50.0},
+        {"batching": "continuous", "rate": 1, "output_throughput": 120.0},
+        {"batching": "continuous", "rate": 2, "output_throughput": 120.0},  # static never ran
+    ]
+    ratio = "output_throughput[batching=continuous]/output_throughput[batching=static]>=2"
+    rc, out = gate(str(write_sweep(tmp_path / "s", rows)), "--ratio", ratio)
+    assert rc == 2 and "no row" in out and "matches [batching=static] at rate=2" in out
+
+
+def test_ratio_selectors_compare_numbers_and_booleans_by_value(tmp_path: Path) -> None:
+    rows = [  # pandas writes True/False and 1.0 to the CSV
+        {"enable_chunked_prefill": c, "rate": r, "output_throughput": t}
+        for c, r, t in (
+            (True, 1.0, 90.0),
+            (False, 1.0, 60.0),
+            (True, 2.5, 150.0),
+            (False, 2.5, 70.0),
+        )
+    ]
+    sweep_dir = write_sweep(tmp_path / "s", rows, ("enable_chunked_prefill", "rate"))
+    by_flag = (
+        "output_throughput[enable_chunked_prefill=true]"
+        "/output_throughput[enable_chunked_prefill=FALSE]"
+    )
+    rc, out = gate(str(sweep_dir), "--ratio", f"{by_flag}>=1.4")
+    assert rc == 0 and out.count("pass") == 2, out  # x1.5 and x2.14
+    by_rate = "output_throughput[rate=2.50]/output_throughput[rate=1]"
+    rc, out = gate(str(sweep_dir), "--ratio", f"{by_rate}>=1.5")
+    assert rc == 1 and out.count("pass") == 1 and out.count("FAIL") == 1, out  # x1.67, x1.17
+
+
+def test_a_ratio_selector_matching_several_rows_is_unusable(tmp_path: Path) -> None:
+    rows = [
+        {"batching": b, "prefill": p, "rate": 1, "output_throughput": t}
+        for b, p, t in (
+            ("static", "on", 50),
+            ("static", "off", 40),
+            ("continuous", "on", 120),
+            ("continuous", "off", 90),
+        )
+    ]
+    sweep_dir = write_sweep(tmp_path / "s", rows, ("batching", "prefill", "rate"))
+    ratio = (
+        "output_throughput[batching=continuous]/output_throughput[batching=static,prefill=off]>=2"
+    )
+    rc, out = gate(str(sweep_dir), "--ratio", ratio)
+    assert rc == 2 and "matches 2 rows" in out, out
+    assert "batching=continuous prefill=on rate=1; batching=continuous prefill=off rate=1" in out
+
+
+def test_gate_refuses_a_sweep_listing_a_point_twice(tmp_path: Path) -> None:
+    row = {"batching": "static", "rate": 1, "output_throughput": 100.0}
+    base = write_sweep(tmp_path / "base", [row])
+    cur = write_sweep(tmp_path / "cur", [row, row | {"output_throughput": 50.0}])
+    rc, out = gate(str(cur), "--baseline", str(base), "--max-regression", "output_throughput=5%")
+    assert rc == 2 and "two rows for the point 'batching=static rate=1'" in out, out
+
+
+def test_gate_matches_sweep_points_by_value(tmp_path: Path) -> None:
+    def row(rate: float) -> dict[str, Any]:
+        return {"batching": "static", "rate": rate, "output_throughput": 100.0}
+
+    base = write_sweep(tmp_path / "base", [row(1), row(2.5)])  # the CSV says 1.0 and 2.5
+    cur = write_sweep(tmp_path / "cur", [row(1), row(2)])  # 1 and 2
+    rc, out = gate(str(cur), "--baseline", str(base), "--max-regression", "output_throughput=5%")
+    assert rc == 0 and out.count("pass") == 1 and "rate=1 " in out, out
+
+
+def test_gate_warns_when_the_two_ran_different_loads(tmp_path: Path) -> None:
+    poisson = {"arrival": "poisson", "rate": 1.0, "num_requests": 50, "input_len": "256"}
+    closed = {"arrival": "poisson", "concurrency": 4, "num_requests": 50, "input_len": "256"}
+    base = write_run(tmp_path / "base", load=poisson)
+    same = write_run(tmp_path / "same", load=poisson)
+    other = write_run(tmp_path / "other", load=closed)
+    limit = ("--max-regression", "output_throughput=5%")
+    rc, out = gate(str(same), "--baseline", str(base), *limit)
+    assert rc == 0 and "warning" not in out
+    rc, out = gate(str(other), "--baseline", str(base), *limit)
+    assert rc == 0 and "not given the same load" in out
+    assert "rate: 1.0 -> None; concurrency: None -> 4" in out
+    # sweeps: the profile's load (defaults where silent), less the axes points are matched on
+    row = {"batching": "static", "rate": 1, "output_throughput": 100.0}
+    base = write_sweep(tmp_path / "sb", [row], profile={"input_len": "256", "rate": 9})
+    cur = write_sweep(tmp_path / "sc", [row], profile={"input_len": "1024"})
+    rc, out = gate(str(cur), "--baseline", str(base), *limit)
+    assert "input_len: 256 -> 1024" in out and "rate:" not in out, out
+
+
+def test_gate_says_a_single_run_has_no_noise_estimate(tmp_path: Path) -> None:
+    base, cur = write_run(tmp_path / "base"), write_run(tmp_path / "cur")
+    rc, out = gate(str(cur), "--baseline", str(base), "--max-regression", "goodput=5%")
+    assert rc == 0 and "no noise estimate" in out and "bench sweep --repeat N" in out
+    row = {"batching": "static", "rate": 1, "runs": 3, "goodput": 1.0, "goodput.ci95": 0.1}
+    base, cur = write_sweep(tmp_path / "sb", [row]), write_sweep(tmp_path / "sc", [row])
+    rc, out = gate(str(cur), "--baseline", str(base), "--max-regression", "goodput=5%")
+    assert rc == 0 and "noise estimate" not in out
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in PROFILE_DIR.glob("*.toml")))
