@@ -22,6 +22,7 @@ RULES = (
     ("rss_mb", "RSS", "MB", "memory (MB)"),
     ("_mb", "", "MB", "memory (MB)"),
     ("power_w", "power", "W", "power (W)"),
+    ("sm_clock_mhz", "SM clock", "MHz", "clock (MHz)"),
     ("kv_usage", "KV cache used", "fraction", "KV cache (fraction used)"),
     ("kv_peak_blocks_used", "KV blocks, peak", "blocks", "KV blocks"),
     ("kv_blocks_used", "KV blocks used", "blocks", "KV blocks"),

@@ -18,6 +18,7 @@ from bench_cli.report import (
     sweep_report,
     throughput_figure,
 )
+from bench_cli.signals import Signal, signal
 from loadgen.records import RequestRecord
 
 SETTINGS = ("static", "continuous")
@@ -182,3 +183,9 @@ def test_setting_colours_are_fixed_by_first_appearance(n: int) -> None:
     labels = [f"s{i}" for i in range(n)]
     colours = setting_colours(labels + labels[::-1])
     assert list(colours) == labels and len(set(colours.values())) == n
+
+
+def test_gpu_signals_get_their_units() -> None:
+    assert signal("gpu0_sm_clock_mhz") == Signal("gpu0 SM clock", "MHz", "clock (MHz)")
+    assert signal("gpu1_power_w").axis == "power (W)"
+    assert signal("gpu0_memory_used_mb").axis == signal("server_rss_mb").axis == "memory (MB)"
