@@ -140,7 +140,8 @@ def load_results(path: str | Path) -> Results:
         except (OSError, ValueError, KeyError) as e:
             raise GateInputError(f"{path}: sweep.json is missing or unreadable: {e}") from e
         rows = pd.read_csv(p / "sweep.csv").to_dict("records")
-        runs = min((int(r.get("runs", 1)) for r in rows), default=1)
+        counts = [r.get("runs") for r in rows]  # a row's repeats, averaged into it
+        runs = min((int(n) for n in counts if isinstance(n, numbers.Real) and n == n), default=1)
         return Results(rows, axes, str(path), _sweep_load(plan), runs)
     summary = load_summary(p)
     run = (summary.get("config") or {}).get("run") or {}
