@@ -223,6 +223,11 @@ def run(
     time_scale: Annotated[
         float | None, Opt(help="multiplies trace gaps (0.5: twice as fast)")
     ] = None,
+    ramp_up_strategy: Annotated[
+        str | None, Opt(help="linear | exponential: the rate moves from start to end")
+    ] = None,
+    ramp_up_start_rps: Annotated[float | None, Opt(help="ramp-up: first request's rate")] = None,
+    ramp_up_end_rps: Annotated[float | None, Opt(help="ramp-up: last request's rate")] = None,
     num_requests: Annotated[int | None, Opt(help="requests to send")] = None,
     duration: Annotated[float | None, Opt(help="stop sending after S seconds")] = None,
     warmup: Annotated[int | None, Opt(help="warm-up requests, left out of the metrics")] = None,

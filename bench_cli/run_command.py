@@ -223,7 +223,13 @@ def _load_text(cfg: RunConfig) -> str:
         return f"trace {Path(cfg.trace or '').name} x{cfg.time_scale:g}"
     if cfg.closed_loop:
         return f"closed loop, concurrency {cfg.concurrency}"
-    text = f"{cfg.arrival} {cfg.rate:g} req/s"
+    if cfg.ramp_up_strategy:
+        text = (
+            f"{cfg.arrival} {cfg.ramp_up_strategy} ramp {cfg.ramp_up_start_rps:g}"
+            f"->{cfg.ramp_up_end_rps:g} req/s"
+        )
+    else:
+        text = f"{cfg.arrival} {cfg.rate:g} req/s"
     return text + (f", cap {cfg.concurrency}" if cfg.concurrency else "")
 
 

@@ -26,6 +26,7 @@ class Arrivals:
     seed: int = 0
     trace_offsets: tuple[float, ...] = ()  # seconds since the trace's first request
     time_scale: float = 1.0  # multiplies trace gaps: 0.5 replays twice as fast
+    ramp: Ramp | None = None  # the rate changes from request to request (then `rate` is moot)
 
     def __post_init__(self) -> None:
         if self.kind not in ARRIVALS:
@@ -45,6 +46,9 @@ class Arrivals:
         if self.kind == "trace":
             yield from (t * self.time_scale for t in self.trace_offsets)
             return
+        if self.ramp is not None:
+            yield from self._ramped(self.ramp)
+            return
         if self.rate == math.inf:
             yield from itertools.repeat(0.0)
             return
@@ -54,26 +58,69 @@ class Arrivals:
         rng = np.random.default_rng(self.seed)
         t = 0.0
         while True:  # gaps drawn in blocks: the same seed gives the same schedule
-            for gap in self._gaps(rng, 1024):
+            for gap in self._gaps(rng, 1024, self.rate):
                 yield t
                 t += float(gap)
 
-    def _gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
+    def _gaps(self, rng: np.random.Generator, n: int, rate: float | np.ndarray) -> np.ndarray:
+        if self.kind == "constant":
+            return np.broadcast_to(1.0 / np.asarray(rate, np.float64), (n,))
         if self.kind == "poisson":
-            return rng.exponential(1.0 / self.rate, n)
+            return rng.exponential(1.0 / rate, n)
         # Gamma with shape k and mean 1/rate: CV = 1/sqrt(k) (vLLM's definition of burstiness).
-        return rng.gamma(self.burstiness, 1.0 / (self.rate * self.burstiness), n)
+        return rng.gamma(self.burstiness, 1.0 / (rate * self.burstiness), n)
+
+    def _ramped(self, ramp: Ramp) -> Iterator[float]:
+        """vLLM's ramp-up: request i is drawn at the rate reached at progress i / (n - 1); the
+        gap before it follows the arrival kind at that rate (the first request goes at 0)."""
+        rates = ramp.rates()
+        gaps = self._gaps(np.random.default_rng(self.seed), len(rates) - 1, rates[1:])
+        yield 0.0
+        yield from (float(t) for t in np.cumsum(gaps))
 
     def gap_cdf(self) -> Callable[[np.ndarray], np.ndarray] | None:
         """The CDF of the target inter-arrival time, for a one-sample KS test; None where the
         process has none (constant: a step; trace: compared with its own gaps instead)."""
-        if self.rate == math.inf:
+        if self.rate == math.inf or self.ramp is not None:
             return None
         if self.kind == "poisson":
             return lambda x: 1.0 - np.exp(-self.rate * np.maximum(x, 0.0))
         if self.kind == "gamma":
             return lambda x: _gamma_cdf(x, self.burstiness, self.rate * self.burstiness)
         return None
+
+
+RAMPS = ("linear", "exponential")
+
+
+@dataclass(frozen=True, slots=True)
+class Ramp:
+    """A request rate that moves from `start` to `end` req/s over `num_requests` requests,
+    linearly or exponentially in the request's index (vLLM's --ramp-up-strategy)."""
+
+    strategy: str
+    start: float
+    end: float
+    num_requests: int
+
+    def __post_init__(self) -> None:
+        if self.strategy not in RAMPS:
+            raise ValueError(f"ramp-up {self.strategy!r}: expected linear or exponential")
+        low = 0.0 if self.strategy == "linear" else math.nextafter(0.0, 1.0)
+        for name, value in (("start", self.start), ("end", self.end)):
+            if not (math.isfinite(value) and value >= low):
+                need = ">= 0" if self.strategy == "linear" else "> 0 (exponential)"
+                raise ValueError(f"ramp-up {name} rate must be {need}, got {value}")
+        if self.end <= 0:
+            raise ValueError("the ramp-up end rate must be > 0")
+        if self.num_requests < 2:
+            raise ValueError("a ramp-up needs at least 2 requests")
+
+    def rates(self) -> np.ndarray:
+        progress = np.arange(self.num_requests) / (self.num_requests - 1)
+        if self.strategy == "linear":
+            return self.start + (self.end - self.start) * progress
+        return self.start * (self.end / self.start) ** progress
 
 
 def _gamma_cdf(x: np.ndarray, shape: float, rate: float) -> np.ndarray:

@@ -103,8 +103,10 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
             probe=probe,
         )
         return BuiltPlan(plan, None, info, notes)
-    assert cfg.rate is not None
-    arrivals = Arrivals(cfg.arrival, cfg.rate, cfg.burstiness or 1.0, cfg.seed)
+    ramp = cfg.ramp()
+    rate = cfg.rate if ramp is None else max(ramp.start, ramp.end)
+    assert rate is not None
+    arrivals = Arrivals(cfg.arrival, rate, cfg.burstiness or 1.0, cfg.seed, ramp=ramp)
     offsets = take_schedule(arrivals.offsets(), cfg.num_requests, cfg.duration)
     specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
     if data is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.arrivals import ARRIVALS
+from loadgen.arrivals import ARRIVALS, Ramp
 from loadgen.metrics import SLO
 from loadgen.traces import TRACE_FORMATS
 from loadgen.workload import LengthDist
@@ -24,7 +24,7 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 # own prompts and output lengths, unless the flags say otherwise.
 DROPPED_BY = {
     "arrival": ("trace",),
-    "rate": ("concurrency", "trace"),
+    "rate": ("concurrency", "trace", "ramp_up_strategy"),
     "num_requests": ("duration", "trace"),
     "duration": ("num_requests", "trace"),
     "input_len": ("trace", "dataset"),
@@ -52,6 +52,9 @@ class RunConfig:
     trace_format: str = "jsonl"
     trace_model: str | None = None
     time_scale: float = 1.0
+    ramp_up_strategy: str | None = None  # linear | exponential: the rate moves over the run
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
     num_requests: int | None = None
     duration: float | None = None
     warmup: int = 0
@@ -78,7 +81,23 @@ class RunConfig:
 
     @property
     def closed_loop(self) -> bool:
-        return self.arrival != "trace" and self.rate is None and self.concurrency is not None
+        return (
+            self.arrival != "trace"
+            and self.rate is None
+            and self.ramp_up_strategy is None
+            and self.concurrency is not None
+        )
+
+    def ramp(self) -> Ramp | None:
+        if self.ramp_up_strategy is None:
+            return None
+        start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
+        if start is None or end is None or self.num_requests is None:
+            raise ValueError(
+                "--ramp-up-strategy needs --ramp-up-start-rps, --ramp-up-end-rps and "
+                "--num-requests (the rate moves with the request's index, as in vLLM)"
+            )
+        return Ramp(self.ramp_up_strategy, start, end, self.num_requests)
 
     def validate(self) -> None:
         if self.endpoint not in ("completions", "chat"):
@@ -97,6 +116,12 @@ class RunConfig:
                 raise ValueError("a trace gives the prompt lengths: --input-len cannot go with it")
         elif self.trace:
             raise ValueError(f"--trace is replayed by --arrival trace, not {self.arrival}")
+        elif self.ramp_up_strategy is not None:
+            if self.rate is not None:
+                raise ValueError("a ramp-up sets the rate: --rate cannot go with it")
+            self.ramp()
+        elif self.ramp_up_start_rps is not None or self.ramp_up_end_rps is not None:
+            raise ValueError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy")
         elif self.rate is None and self.concurrency is None:
             raise ValueError(
                 f"{self.arrival} arrivals need --rate R (or --concurrency C alone: a closed loop)"
@@ -219,6 +244,8 @@ def _coerce(key: str, value: Any) -> Any:
         "telemetry_interval",
         "temperature",
         "top_p",
+        "ramp_up_start_rps",
+        "ramp_up_end_rps",
     ):
         return float(value)
     return value

@@ -204,7 +204,10 @@ def arrival_check(records: Sequence[RequestRecord], arrivals: Arrivals) -> dict[
     sched_span = sent[-1][1] - sent[0][1]
     out["achieved_rate"] = (len(sent) - 1) / span if span > 0 else None
     out["scheduled_rate"] = (len(sent) - 1) / sched_span if sched_span > 0 else None
-    if arrivals.kind != "trace":
+    if arrivals.ramp is not None:
+        r = arrivals.ramp
+        out["ramp"] = {"strategy": r.strategy, "start_rps": r.start, "end_rps": r.end}
+    elif arrivals.kind != "trace":
         out["target_rate"] = arrivals.rate
     n = len(achieved)
     d2 = ks_two_sample(achieved, scheduled)

@@ -4,11 +4,19 @@ test, whose power and calibration are checked too), and bad processes are refuse
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 
-from loadgen.arrivals import Arrivals, ks_pvalue, ks_statistic, ks_two_sample, take_schedule
+from loadgen.arrivals import (
+    Arrivals,
+    Ramp,
+    ks_pvalue,
+    ks_statistic,
+    ks_two_sample,
+    take_schedule,
+)
 
 
 def schedule(arrivals: Arrivals, n: int) -> list[float]:
@@ -246,3 +254,49 @@ def test_trace_arrivals_ignore_the_rate() -> None:
 def test_non_finite_shapes_and_scales_are_refused(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         Arrivals(**kwargs)
+
+
+# ---- ramp-up (vLLM's --ramp-up-strategy) -------------------------------------------------------
+
+
+def test_a_constant_linear_ramp_spaces_request_i_at_its_own_rate() -> None:
+    ramp = Ramp("linear", 1.0, 10.0, 10)
+    assert np.allclose(ramp.rates(), np.arange(1, 11))
+    offsets = list(Arrivals("constant", 10.0, ramp=ramp).offsets())
+    assert len(offsets) == 10 and offsets[0] == 0.0
+    assert np.allclose(np.diff(offsets), 1.0 / np.arange(2, 11))
+
+
+def test_an_exponential_ramp_multiplies_the_rate_by_equal_steps() -> None:
+    ramp = Ramp("exponential", 2.0, 32.0, 5)
+    assert np.allclose(ramp.rates(), [2, 4, 8, 16, 32])
+
+
+def test_a_poisson_ramp_sends_faster_at_the_end_than_at_the_start() -> None:
+    n = 4000
+    arrivals = Arrivals("poisson", 50.0, seed=3, ramp=Ramp("linear", 5.0, 50.0, n))
+    offsets = list(arrivals.offsets())
+    gaps = np.diff(offsets)
+    assert len(offsets) == n
+    first, last = gaps[: n // 10].mean(), gaps[-n // 10 :].mean()
+    assert 1 / first == pytest.approx(7.3, rel=0.15)  # the first tenth's mean rate ~ 5..9.5
+    assert 1 / last == pytest.approx(47.7, rel=0.15)
+    assert offsets == list(
+        Arrivals("poisson", 50.0, seed=3, ramp=Ramp("linear", 5.0, 50.0, n)).offsets()
+    )
+    assert arrivals.gap_cdf() is None  # no single target distribution to test against
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("sideways", 1.0, 2.0, 10), "expected linear or exponential"),
+        (("exponential", 0.0, 2.0, 10), "start rate must be > 0 (exponential)"),
+        (("linear", -1.0, 2.0, 10), "start rate must be >= 0"),
+        (("linear", 1.0, 0.0, 10), "end rate must be > 0"),
+        (("linear", 1.0, 2.0, 1), "at least 2 requests"),
+    ],
+)
+def test_bad_ramps_are_refused(args: tuple, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Ramp(*args)

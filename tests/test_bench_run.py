@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 from rich.console import Console
@@ -255,3 +256,19 @@ def test_sampling_flags_reach_the_in_process_engine(tmp_path: Path) -> None:
     assert summary["completed"] == 4
     run_cfg = summary["config"]["run"]
     assert (run_cfg["temperature"], run_cfg["top_p"], run_cfg["top_k"]) == (1.0, 0.9, 5)
+
+
+def test_a_ramp_up_run_against_a_server(tmp_path: Path, mock_server: Callable[..., str]) -> None:
+    url = mock_server("--ttft", "0.001", "--itl", "0.001")
+    ramp = {"ramp_up_strategy": "exponential", "ramp_up_start_rps": 5.0, "ramp_up_end_rps": 80.0}
+    flags = {"base_url": url, "model": "mock", "warmup": 0, "num_requests": 30, "rate": None}
+    rc, printed, run = bench_run(tmp_path, arrival="constant", **ramp, **flags)
+    assert rc == 0, printed
+    assert "constant exponential ramp 5->80 req/s" in " ".join(printed.split())
+    summary = json.loads((run / "summary.json").read_text())
+    check = summary["arrival_check"]
+    assert check["ramp"] == {"strategy": "exponential", "start_rps": 5.0, "end_rps": 80.0}
+    assert "target_rate" not in check
+    records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    gaps = np.diff(sorted(r["scheduled_s"] for r in records))
+    assert np.allclose(gaps, 1 / (5 * 16 ** (np.arange(1, 30) / 29)))

@@ -352,3 +352,39 @@ def test_headers_extra_body_and_sampling_are_parsed_and_recorded_without_secrets
 def test_bad_request_fields_are_refused(flags: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         build(**flags)
+
+
+def test_a_ramp_up_replaces_the_rate_and_keeps_a_concurrency_cap() -> None:
+    flags = {
+        "ramp_up_strategy": "linear",
+        "ramp_up_start_rps": 1,
+        "ramp_up_end_rps": 20,
+        "concurrency": 4,
+    }
+    cfg = build_config(load_profile("default"), flags, ENGINE)
+    assert cfg.rate is None and not cfg.closed_loop  # an open loop, capped at 4
+    ramp = cfg.ramp()
+    assert ramp is not None and (ramp.start, ramp.end, ramp.num_requests) == (1.0, 20.0, 50)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"ramp_up_strategy": "linear", "rate": 2.0}, "--rate cannot go with it"),
+        ({"ramp_up_strategy": "linear", "ramp_up_end_rps": 5.0}, "needs --ramp-up-start-rps"),
+        ({"ramp_up_end_rps": 5.0}, "need --ramp-up-strategy"),
+        (
+            {
+                "ramp_up_strategy": "linear",
+                "ramp_up_start_rps": 1,
+                "ramp_up_end_rps": 5,
+                "num_requests": None,
+                "duration": 10.0,
+            },
+            "and --num-requests",
+        ),
+    ],
+)
+def test_bad_ramp_ups_are_refused(flags: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        build_config({"num_requests": 10}, flags, ENGINE)
