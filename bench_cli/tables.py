@@ -25,6 +25,11 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
         ("Output token throughput (tok/s)", f"{summary['output_throughput']:.2f}"),
         ("Total token throughput (tok/s)", f"{summary['total_token_throughput']:.2f}"),
     ]
+    if "peak_output_throughput" in summary:  # summaries written before it have none
+        rows[-1:-1] = [
+            ("Peak output token throughput (tok/s)", f"{summary['peak_output_throughput']:.2f}"),
+            ("Peak concurrent requests", f"{summary['peak_concurrent_requests']}"),
+        ]
     if summary.get("goodput") is not None:
         slo = ", ".join(f"{k} <= {v:g} s" for k, v in summary["slo"].items())
         rows.append((f"Goodput (req/s; {slo})", f"{summary['goodput']:.2f}"))

@@ -29,6 +29,11 @@ DEFINITIONS = {
     "judged with the queue wait included",
     "request_throughput": "completed requests / duration",
     "duration": "first scheduled send to the end of the last request",
+    "peak_output_throughput": "most output tokens stamped (by their chunk's time) in one 1-s "
+    "window counted from the first send (vLLM's max_output_tokens_per_s; vLLM counts a chunk "
+    "as one token)",
+    "peak_concurrent_requests": "most completed requests in flight at once, over [send, end) "
+    "(vLLM's max_concurrent_requests: failed requests not counted)",
 }
 PERCENTILES = (50, 90, 95, 99)
 STATS = ("mean", *(f"p{p}" for p in PERCENTILES), "max")  # of every distribution
@@ -141,6 +146,8 @@ def summarize(
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
+        "peak_output_throughput": peak_output_throughput(ok),
+        "peak_concurrent_requests": peak_concurrency(ok),
         "goodput": good / duration if slo.as_dict() else None,
         "slo": slo.as_dict(),
         "completed": len(ok),
@@ -186,6 +193,31 @@ def summarize(
         summary["arrival_check"] = arrival_check(measured, arrivals)
     summary["warnings"] = warnings
     return summary
+
+
+def peak_output_throughput(ok: Sequence[RequestRecord]) -> float:
+    """vLLM's peak: output tokens binned into whole seconds after the first send, by the time
+    their chunk arrived; the fullest bin. Tokens, not chunks, so multi-token chunks count."""
+    if not ok:
+        return 0.0
+    t0 = min(r.send_s for r in ok)  # type: ignore[type-var]
+    times = np.concatenate([np.asarray(r.chunk_s, dtype=np.float64) for r in ok])
+    tokens = np.concatenate([np.asarray(r.chunk_tokens, dtype=np.float64) for r in ok])
+    if times.size == 0:
+        return 0.0
+    bins = np.floor(times - t0).astype(np.int64)
+    return float(np.bincount(bins, weights=tokens).max())
+
+
+def peak_concurrency(ok: Sequence[RequestRecord]) -> int:
+    """Most requests in flight at once: a sweep over half-open [send, end) intervals (an end
+    and a send at the same instant do not overlap), as vLLM counts it."""
+    events = sorted([(r.send_s, 1) for r in ok] + [(r.end_s, -1) for r in ok])  # -1 first
+    peak = now = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
 
 
 def arrival_check(records: Sequence[RequestRecord], arrivals: Arrivals) -> dict[str, Any]:
