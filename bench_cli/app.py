@@ -262,6 +262,9 @@ def run(
         float | None, Opt(help="seconds between telemetry samples (GPU, CPU, /metrics)")
     ] = None,
     out: Annotated[str | None, Opt(help="results folder (default results/<time>-<name>)")] = None,
+    save_vllm_json: Annotated[
+        str | None, Opt(help="also write the result as `vllm bench serve --save-result` does")
+    ] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
     device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,

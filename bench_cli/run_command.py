@@ -137,6 +137,10 @@ def run_one(
         summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
         summary["config"] = config
         write_summary(out_dir, summary)  # before the server's (slow) shutdown
+        if cfg.save_vllm_json:
+            from bench_cli.vllm_json import write_vllm_json
+
+            write_vllm_json(cfg.save_vllm_json, summary, outcome.records)
     finally:
         if server is not None:
             server.stop()

@@ -78,6 +78,7 @@ class RunConfig:
     timeout: float = 600.0
     telemetry_interval: float = 0.1  # seconds between telemetry samples
     out: str | None = None
+    save_vllm_json: str | None = None  # also write the result as `vllm bench serve` would
 
     @property
     def closed_loop(self) -> bool:
