@@ -242,6 +242,16 @@ def run(
     ] = None,
     num_prefix_groups: Annotated[int | None, Opt(help="distinct shared prefixes")] = None,
     ignore_eos: Annotated[bool | None, Opt(help="ask for exactly the output length")] = None,
+    turns: Annotated[
+        str | None,
+        Opt(
+            help="multi-turn: turns per conversation (N or uniform:lo:hi); --num-requests and "
+            "--rate then count conversations"
+        ),
+    ] = None,
+    think_time: Annotated[
+        float | None, Opt(help="multi-turn: seconds between a reply and the next turn")
+    ] = None,
     temperature: Annotated[
         float | None, Opt(help="sampling temperature (default 0: greedy)")
     ] = None,

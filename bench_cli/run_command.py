@@ -225,16 +225,21 @@ def _http_backend(cfg: RunConfig, base_url: str, tokenizer: Any) -> Any:
 def _load_text(cfg: RunConfig) -> str:
     if cfg.arrival == "trace":
         return f"trace {Path(cfg.trace or '').name} x{cfg.time_scale:g}"
+    per_s = "conversations/s" if cfg.turns is not None else "req/s"  # what the arrivals are
     if cfg.closed_loop:
-        return f"closed loop, concurrency {cfg.concurrency}"
-    if cfg.ramp_up_strategy:
+        text = f"closed loop, concurrency {cfg.concurrency}"
+    elif cfg.ramp_up_strategy:
         text = (
             f"{cfg.arrival} {cfg.ramp_up_strategy} ramp {cfg.ramp_up_start_rps:g}"
-            f"->{cfg.ramp_up_end_rps:g} req/s"
+            f"->{cfg.ramp_up_end_rps:g} {per_s}"
         )
     else:
-        text = f"{cfg.arrival} {cfg.rate:g} req/s"
-    return text + (f", cap {cfg.concurrency}" if cfg.concurrency else "")
+        text = f"{cfg.arrival} {cfg.rate:g} {per_s}"
+    if cfg.concurrency and not cfg.closed_loop:
+        text += f", cap {cfg.concurrency}"
+    if cfg.turns is not None:
+        text += f", {cfg.turns} turns" + (f", {cfg.think_time:g} s think" if cfg.think_time else "")
+    return text
 
 
 async def _run(

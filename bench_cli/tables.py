@@ -57,7 +57,28 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
         if not d or not d.get("count") or ("queue" in key and not queued):
             continue
         lat.add_row(label, *(_ms(d[s]) for s in STATS))
-    return [head, lat]
+    tables = [head, lat]
+    if summary.get("multi_turn"):
+        tables.append(turn_table(summary["multi_turn"]))
+    return tables
+
+
+def turn_table(multi: dict[str, Any]) -> Table:
+    """TTFT turn by turn: a later turn carries the whole conversation, so its TTFT shows
+    what prefix caching saves (or what recomputing the context costs)."""
+    title = (
+        f"Multi-turn: {multi['conversations']} conversations, {multi['cut_short']} cut short "
+        "by a failed turn"
+    )
+    table = Table(title=title, title_justify="left")
+    for col in ("turn", "requests", "ok", "prompt tokens (mean)", "TTFT mean", "p50", "p99"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for turn, row in multi["per_turn"].items():
+        d, tokens = row["ttft_s"], row["mean_prompt_tokens"]
+        stats = [_ms(d[s]) if d["count"] else "-" for s in ("mean", "p50", "p99")]
+        prompt = f"{tokens:.0f}" if tokens is not None else "-"
+        table.add_row(turn, str(row["requests"]), str(row["completed"]), prompt, *stats)
+    return table
 
 
 def _ms(seconds: float) -> str:

@@ -80,9 +80,9 @@ class OpenAIBackend:
             "stream_options": {"include_usage": True},
         }
         if self.chat:
-            body["messages"] = [{"role": "user", "content": spec.prompt}]
+            body["messages"] = spec.messages()
         else:
-            body["prompt"] = spec.prompt
+            body["prompt"] = spec.text()
         if self.ignore_eos:
             body["ignore_eos"] = True
         return body | self.extra_body
@@ -146,6 +146,7 @@ class OpenAIBackend:
     def _keep_partial(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
         """What a request got before it ended, finished or not: a failed stream keeps its
         first-chunk time and token counts (they stay out of the latency figures)."""
+        rec.reply = "".join(texts)
         if rec.chunk_s:
             rec.first_chunk_s = rec.chunk_s[0]
             self._count_tokens(rec, texts, usage)
@@ -333,10 +334,10 @@ class InProcessBackend:
     async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
         from engine.core.request import SamplingParams
 
-        prompt: str | list[int] = spec.prompt
+        prompt: str | list[int] = spec.text()
         tokenizer = self.engine.engine.tokenizer
         if self.chat and tokenizer is not None and tokenizer.chat_template:
-            prompt = tokenizer.encode_chat([{"role": "user", "content": spec.prompt}])
+            prompt = tokenizer.encode_chat(spec.messages())
         params = SamplingParams(
             max_tokens=spec.output_len, ignore_eos=self.ignore_eos, **self.sampling
         )
@@ -349,6 +350,7 @@ class InProcessBackend:
                     rec.chunk_s.append(clock() - t0)
                     rec.chunk_tokens.append(len(out.new_token_ids))
                 if out.finished:
+                    rec.reply = out.outputs[0].text
                     rec.prompt_tokens = len(out.prompt_token_ids)
                     rec.output_tokens = len(out.outputs[0].token_ids)
                     rec.finish_reason = out.outputs[0].finish_reason

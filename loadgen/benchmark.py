@@ -9,7 +9,7 @@ import dataclasses
 import itertools
 import json
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +17,10 @@ from typing import Any
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
-from loadgen.metrics import SLO, summarize
+from loadgen.metrics import SLO, arrival_check, summarize
 from loadgen.records import RecordWriter
 from loadgen.runner import LoadPlan, LoadRunner, RunOutcome
+from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
 from loadgen.traces import read_trace
 from loadgen.workload import (
     PromptBuilder,
@@ -76,23 +77,31 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         kind, _, path = cfg.dataset.partition(":")
         if kind != "sharegpt" or not path:
             raise ValueError(f"dataset {cfg.dataset!r}: expected sharegpt:PATH")
-        data = read_sharegpt(path, tokenizer)
+        data = read_sharegpt(path, tokenizer, dialogues=cfg.turns is not None)
         info["dataset"] = data.as_dict()
-        stream = sharegpt(data, cfg.seed, cfg.output_len)
+        stream: Iterator[RequestSpec | Session] = sharegpt(data, cfg.seed, cfg.output_len)
+        if cfg.turns is not None:
+            stream = sharegpt_sessions(data, cfg.turns, cfg.think_time, cfg.seed, cfg.output_len)
         warm = sharegpt(data, warmup_seed, cfg.output_len)
     else:
         in_len, out_len = cfg.input_len or DEFAULT_INPUT_LEN, cfg.output_len or DEFAULT_OUTPUT_LEN
         wl = WorkloadConfig(in_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed)
         stream = synthetic(wl, builder)
+        if cfg.turns is not None:  # each turn a fresh prompt of the input length, after the rest
+            stream = synthetic_sessions(stream, cfg.turns, cfg.think_time, cfg.seed)
         warm = synthetic(dataclasses.replace(wl, seed=warmup_seed), builder)
     # The streams are generators: pull a request now, so a bad file or setting fails here,
     # before any server starts, not in the middle of the run.
     stream = itertools.chain([next(stream)], stream)
-    probe = probe_of(next(warm))
+    probe = probe_of(next(warm))  # single-turn, as the warm-up requests are
     warmup = list(itertools.islice(warm, cfg.warmup))
     if cfg.closed_loop:
         if data is not None:
             notes.append(data.describe(cfg.num_requests))
+        total = None
+        if cfg.turns is not None and cfg.num_requests is not None:  # conversations built now
+            items = list(itertools.islice(stream, cfg.num_requests))
+            total, stream = _requests_in(items), iter(items)
         plan = LoadPlan(
             stream,
             None,
@@ -101,6 +110,7 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
             cfg.duration,
             warmup=warmup,
             probe=probe,
+            total_requests=total,
         )
         return BuiltPlan(plan, None, info, notes)
     ramp = cfg.ramp()
@@ -111,8 +121,15 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
     specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
     if data is not None:
         notes.append(data.describe(len(offsets)))
-    plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe)
+    total = _requests_in(specs) if cfg.turns is not None else None
+    plan = LoadPlan(
+        iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe, total_requests=total
+    )
     return BuiltPlan(plan, arrivals, info, notes)
+
+
+def _requests_in(items: list[RequestSpec | Session]) -> int:
+    return sum(len(x.turns) if isinstance(x, Session) else 1 for x in items)
 
 
 def probe_of(spec: RequestSpec) -> RequestSpec:
@@ -157,6 +174,11 @@ async def run_benchmark(
     summary["stop_signal"] = runner.stop_signal
     summary["stopped_early"] = outcome.stopped_early
     summary["warmup_requests"] = len(outcome.warmup)
+    if cfg.turns is not None:
+        summary["multi_turn"] = multi_turn_summary(outcome.records)
+        if built.arrivals is not None:  # the schedule gave the conversations' first turns only
+            firsts = [r for r in outcome.records if not r.turn]
+            summary["arrival_check"] = arrival_check(firsts, built.arrivals)
     if runner.probe_record is not None:  # the server saw it too (its steps, its counters)
         summary["test_request"] = json.loads(runner.probe_record.to_json())
     return summary, outcome

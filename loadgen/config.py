@@ -66,6 +66,8 @@ class RunConfig:
     shared_prefix_len: int = 0
     num_prefix_groups: int = 1
     ignore_eos: bool = True
+    turns: str | None = None  # multi-turn: turns per conversation (a length spec: 4, uniform:2:6)
+    think_time: float = 0.0  # multi-turn: seconds between a reply and the next turn
     # what every request carries besides its prompt (vLLM's bench flags)
     temperature: float = 0.0
     top_p: float | None = None  # None: not sent (the server's default)
@@ -131,6 +133,14 @@ class RunConfig:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
         if self.dataset and self.input_len is not None:
             raise ValueError("a dataset gives the prompts: --input-len cannot go with --dataset")
+        if self.turns is not None:
+            LengthDist.parse(self.turns)
+            if self.arrival == "trace":
+                raise ValueError("a trace replays single requests: --turns cannot go with it")
+        if not (self.think_time >= 0 and math.isfinite(self.think_time)):
+            raise ValueError(f"think time must be >= 0 seconds, got {self.think_time}")
+        if self.think_time and self.turns is None:
+            raise ValueError("--think-time is the pause between turns: it needs --turns")
         if self.burstiness is not None and self.arrival != "gamma":
             raise ValueError(f"--burstiness shapes gamma arrivals; {self.arrival} has none")
         if self.num_requests is None and self.duration is None and self.arrival != "trace":
@@ -229,7 +239,7 @@ def build_config(
 def _coerce(key: str, value: Any) -> Any:
     """Profiles may write lengths as numbers and rates as integers; headers come as a table
     or as `K=V` flags, an extra body as a table or as JSON text."""
-    if key in ("input_len", "output_len"):
+    if key in ("input_len", "output_len", "turns"):
         return str(value)
     if key == "headers":
         return value if isinstance(value, dict) else dict(_header(h) for h in value)
@@ -246,6 +256,7 @@ def _coerce(key: str, value: Any) -> Any:
         "temperature",
         "top_p",
         "ramp_up_start_rps",
+        "think_time",
         "ramp_up_end_rps",
     ):
         return float(value)

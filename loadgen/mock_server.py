@@ -57,7 +57,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     body = await request.json()
     request.app[COUNT_KEY][0] += 1
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-    prompt = str(body.get("prompt", "")) if not chat else str(body["messages"][-1]["content"])
+    # the whole conversation, as a server's usage counts it
+    prompt = " ".join(str(m["content"]) for m in body["messages"]) if chat else str(body["prompt"])
     prompt_tokens = len(prompt.split())  # one "token" per word: the load generator's prompts
     per_chunk = timing.tokens_per_chunk
     n_chunks = max(1, -(-max_tokens // per_chunk))

@@ -36,6 +36,9 @@ class RequestRecord:
     http_status: int | None = None
     error: str | None = None
     finish_reason: str | None = None
+    session: int | None = None  # multi-turn: the conversation, and this request's turn (0..)
+    turn: int | None = None
+    reply: str = ""  # the text received: the next turn's context (not written to disk)
 
     @property
     def ok(self) -> bool:
@@ -60,7 +63,7 @@ class RequestRecord:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord))
+_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord) if f.name != "reply")
 
 
 class RecordWriter:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from loadgen.backends import Backend
 from loadgen.records import RequestRecord
+from loadgen.sessions import Session, next_turn
 from loadgen.workload import RequestSpec
 
 T = TypeVar("T")
@@ -27,13 +28,14 @@ FAIL_FAST = 10  # the first this many measured requests all failing alike stops 
 
 @dataclass(slots=True)
 class LoadPlan:
-    specs: Iterator[RequestSpec]
+    specs: Iterator[RequestSpec | Session]  # a Session: a conversation, turn after turn
     offsets: list[float] | None  # open loop: send offsets in seconds; None: closed loop
     concurrency: int | None = None  # closed loop's width, or a cap on the open loop
     num_requests: int | None = None  # closed loop's limits (an open loop's are in offsets)
     duration_s: float | None = None
     warmup: list[RequestSpec] = field(default_factory=list)
     probe: RequestSpec | None = None  # one test request before anything else (as vLLM's bench)
+    total_requests: int | None = None  # when the requests are not one per scheduled item
 
     def __post_init__(self) -> None:
         if self.offsets is None and not self.concurrency:
@@ -45,6 +47,8 @@ class LoadPlan:
 
     @property
     def total(self) -> int | None:
+        if self.total_requests is not None:
+            return self.total_requests
         return len(self.offsets) if self.offsets is not None else self.num_requests
 
 
@@ -114,6 +118,7 @@ class LoadRunner:
         self.probe_record: RequestRecord | None = None  # the test request, not measured
         self._tasks: set[asyncio.Task] = set()
         self._dispatcher: asyncio.Task | None = None
+        self._next_index = 0  # multi-turn: records are numbered as their turns are made
         self._unfinished: dict[str, RequestRecord] = {}  # made, not yet recorded
         self._stopped = False
         self.stop_signal: int | None = None
@@ -203,6 +208,9 @@ class LoadRunner:
         for i, (offset, spec) in enumerate(zip(self.plan.offsets, self.plan.specs, strict=False)):
             self.next_send = self.t0 + offset
             await sleep_until(self.next_send)
+            if isinstance(spec, Session):
+                self._launch(self._session(i, spec, offset, cap))
+                continue
             rec = self._record(i, spec)
             rec.scheduled_s = offset
             self._launch(self._capped(spec, rec, cap))
@@ -239,9 +247,41 @@ class LoadRunner:
             if spec is None or (plan.duration_s is not None and now >= plan.duration_s):
                 slots.release()
                 return
+            if isinstance(spec, Session):  # the slot is the conversation's, turn after turn
+                self._launch(self._session(i, spec, now, None, release=slots))
+                continue
             rec = self._record(i, spec)
             rec.scheduled_s = now  # a closed loop sends the moment a slot frees up
             self._launch(self._send(spec, rec, self.t0, release=slots))
+
+    async def _session(
+        self,
+        i: int,
+        session: Session,
+        due: float,
+        cap: asyncio.Semaphore | None,
+        release: asyncio.Semaphore | None = None,
+    ) -> None:
+        """One conversation: each turn goes `think_s` after the previous reply ended, with
+        every earlier prompt and reply as its context; a failed turn ends the conversation."""
+        history: tuple[tuple[str, str], ...] = ()
+        context = 0
+        try:
+            for k, turn in enumerate(session.turns):
+                spec = next_turn(turn, history, context)
+                rec = self._record(self._next_index, spec)
+                self._next_index += 1
+                rec.session, rec.turn, rec.scheduled_s = i, k, due
+                await sleep_until(self.t0 + due)
+                await self._capped(spec, rec, cap)
+                if not rec.ok or self._stopped:
+                    return
+                history += (("user", turn.prompt), ("assistant", rec.reply))
+                context = spec.input_len + rec.output_tokens
+                due = time.perf_counter() - self.t0 + session.think_s
+        finally:
+            if release is not None:
+                release.release()
 
     def _record(self, i: int, spec: RequestSpec, warmup: bool = False) -> RequestRecord:
         rid = f"{self.run_id}-{'w' if warmup else ''}{i}"

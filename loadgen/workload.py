@@ -8,7 +8,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +20,17 @@ from loadgen.traces import MOONCAKE_BLOCK_TOKENS, Trace
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
     prompt: str  # the completion prompt, or the user message for chat
-    input_len: int  # its tokens, counted by our tokenizer
+    input_len: int  # its tokens (with the conversation before it), counted by our tokenizer
     output_len: int  # max_tokens (with ignore_eos where the server supports it)
+    history: tuple[tuple[str, str], ...] = ()  # (role, text) turns before it: multi-turn
+
+    def messages(self) -> list[dict[str, str]]:
+        turns = [*self.history, ("user", self.prompt)]
+        return [{"role": role, "content": text} for role, text in turns]
+
+    def text(self) -> str:
+        """The completions endpoint's prompt: the conversation's texts run together."""
+        return "".join(text for _, text in self.history) + self.prompt
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +185,7 @@ class ShareGPT:
     single_turn: int = 0  # fewer than two turns
     too_short: int = 0  # prompt or reply under 4 tokens
     too_long: int = 0  # prompt over 1024 tokens, or prompt + reply over 2048
+    dialogues: list[tuple[tuple[str, int, int], ...]] = field(default_factory=list)
 
     def describe(self, num_requests: int | None) -> str:
         dropped = self.conversations - len(self.pairs)
@@ -201,9 +211,10 @@ class ShareGPT:
         }
 
 
-def read_sharegpt(path: str | Path, tokenizer: Any) -> ShareGPT:
+def read_sharegpt(path: str | Path, tokenizer: Any, dialogues: bool = False) -> ShareGPT:
     """First user turn as the prompt, the reply's length as the output length; like vLLM,
-    drops pairs under 4 tokens, prompts over 1024 and pairs over 2048 tokens."""
+    drops pairs under 4 tokens, prompts over 1024 and pairs over 2048 tokens. With
+    `dialogues`, every usable conversation's turns too (up to its first unusable pair)."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -212,6 +223,7 @@ def read_sharegpt(path: str | Path, tokenizer: Any) -> ShareGPT:
     if not isinstance(data, list):
         raise ValueError(f"dataset {path}: expected a JSON list of conversations")
     pairs: list[tuple[str, int, int]] = []
+    found: list[tuple[tuple[str, int, int], ...]] = []
     single = short = long = 0
     for k, item in enumerate(data):
         turns = item.get("conversations", item.get("messages")) if isinstance(item, dict) else None
@@ -234,9 +246,28 @@ def read_sharegpt(path: str | Path, tokenizer: Any) -> ShareGPT:
             long += 1
         else:
             pairs.append((prompt, n_in, n_out))
+            if dialogues:
+                found.append(((prompt, n_in, n_out), *_later_turns(turns, tokenizer)))
     if not pairs:
         raise ValueError(f"dataset {path}: no usable conversation (need two turns of 4+ tokens)")
-    return ShareGPT(str(path), pairs, len(data), single, short, long)
+    return ShareGPT(str(path), pairs, len(data), single, short, long, found)
+
+
+def _later_turns(turns: list[Any], tokenizer: Any) -> list[tuple[str, int, int]]:
+    """A conversation's (user, reply) pairs after the first, up to the first unusable one."""
+    out = []
+    for k in range(2, len(turns) - 1, 2):
+        texts = [
+            t.get("value", t.get("content")) if isinstance(t, dict) else None
+            for t in turns[k : k + 2]
+        ]
+        if not all(isinstance(text, str) for text in texts):
+            break
+        n_in, n_out = (len(tokenizer.encode(text, add_special_tokens=False)) for text in texts)
+        if n_in < 4 or n_out < 4 or n_in > 1024:
+            break
+        out.append((texts[0], n_in, n_out))
+    return out
 
 
 def sharegpt(data: ShareGPT, seed: int, output_len: str | None = None) -> Iterator[RequestSpec]:
