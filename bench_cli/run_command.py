@@ -136,6 +136,8 @@ def run_one(
         summary["telemetry"] = telemetry.summary()
         summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
         summary["config"] = config
+        # An engine started for this run and not warmed: its first requests pay one-off costs.
+        summary["cold_start"] = not cfg.base_url and cfg.warmup == 0
         write_summary(out_dir, summary)  # before the server's (slow) shutdown
         if cfg.save_vllm_json:
             from bench_cli.vllm_json import write_vllm_json

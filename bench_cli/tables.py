@@ -96,3 +96,8 @@ def print_result(console: Console, summary: dict[str, Any], title: str) -> None:
         console.print("[bold red]INVALID RUN[/]: the load generator could not keep to its schedule")
     if summary.get("interrupted"):
         console.print("[yellow]interrupted[/]: the summary covers the requests that finished")
+    if summary.get("cold_start"):
+        console.print(
+            "[yellow]cold start[/]: the bundled engine was started for this run and got no "
+            "warm-up requests (--warmup 0); its first requests include one-off first-use costs"
+        )

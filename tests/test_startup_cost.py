@@ -4,17 +4,19 @@ file each time; the cached tokenizer must behave exactly like the parsed one."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import gguf
 import numpy as np
 import pytest
+from rich.console import Console
 
 from engine.model import sources
 from engine.model.sources import cache_dir, load_tokenizer, resolve_model_path
@@ -133,3 +135,45 @@ def test_the_base_url_path_does_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_generate_times_after_a_warm_up_and_flags_a_cold_compile(tmp_path: Path) -> None:
+    """A machine's first `bench generate` compiled the CPU decode attention (inductor's cache
+    was empty): its load time says so; the tok/s is timed after an untimed warm-up."""
+    env = os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    cmd = [sys.executable, "-m", "bench_cli", "generate", "Hi", "--model", "tiny-smollm2"]
+    first, second = (
+        subprocess.run(
+            [*cmd, "--max-tokens", "3"], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        for _ in range(2)
+    )
+    assert "(cold: includes compiling the CPU decode attention)" in first
+    assert "cold" not in second
+    assert "after a warm-up" in second
+    assert "· 3 steps ·" in second  # the warm-up's steps are not counted
+
+
+def test_a_fresh_unwarmed_bundled_engine_is_flagged_cold(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    from bench_cli.run_command import execute
+
+    small = {"num_requests": 3, "rate": 50.0, "warmup": 0, "input_len": "8", "output_len": "3"}
+    runs = {
+        "bundled": {"model": "tiny-smollm2", "in_process": True},
+        "external": {"base_url": mock_server(), "model": "mock"},
+    }
+    for name, flags in runs.items():
+        buf = io.StringIO()
+        out = tmp_path / name
+        rc = execute(
+            "default",
+            {**small, **flags, "out": str(out)},
+            dashboard=False,
+            console=Console(file=buf, width=200),
+        )
+        assert rc == 0, buf.getvalue()
+        cold = json.loads((out / "summary.json").read_text())["cold_start"]
+        assert cold is (name == "bundled")
+        assert ("cold start" in buf.getvalue()) is (name == "bundled")

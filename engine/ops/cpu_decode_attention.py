@@ -51,7 +51,7 @@ def _decode_attention(
     return (per_block.sum(-2) / weights.sum(-1, keepdim=True)).transpose(0, 1)
 
 
-_state = {"enabled": True}
+_state = {"enabled": True, "compiled_afresh": False}
 _compiled_shapes: set[tuple] = set()
 MAX_SHAPES = 6  # dynamo compiles one function at most 8 ways, then runs it eagerly
 
@@ -109,6 +109,7 @@ def warm_up(k_cache: torch.Tensor, group: int, dtype: torch.dtype, scale: float)
         tables = torch.tensor([[0, 2], [3, 1]], device=dev)
         lens = torch.tensor([[block_size + 1], [2 * block_size]], device=dev)
         mask = torch.arange(2 * block_size, device=dev)[None] < lens
+        misses = _inductor_cache_misses()
         try:
             got = fused_decode_attention(q, k, v, tables, mask, scale)
         except Exception as e:  # inductor needs a working C++ toolchain
@@ -124,4 +125,21 @@ def warm_up(k_cache: torch.Tensor, group: int, dtype: torch.dtype, scale: float)
             f" (allowed {tol:.3g} in {dtype})"
         )
     _compiled_shapes.add(shape)
+    _state["compiled_afresh"] |= _inductor_cache_misses() > misses
     return True
+
+
+def compiled_afresh() -> bool:
+    """Whether this process compiled the kernel (C++, seconds of CPU) instead of loading it
+    from inductor's on-disk cache: a machine's first run is slower to start than the next."""
+    return _state["compiled_afresh"]
+
+
+def _inductor_cache_misses() -> int:
+    """Graphs inductor compiled because its cache had none (a private counter: 0 if gone)."""
+    try:
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"]["fxgraph_cache_miss"])
+    except Exception:
+        return 0
