@@ -45,3 +45,21 @@ def test_a_sweep_profile_run_alone_says_why_it_lacks_a_rate(tmp_path) -> None:
     assert "poisson arrivals need --rate" in flat
     assert "is a sweep profile: its [sweep] table sets --batching, --rate" in flat
     assert "bench sweep --profile smoke" in flat
+
+
+def test_every_flag_the_readme_names_exists() -> None:
+    """README and code must not drift: each `--flag` README gives for a `bench` command is in
+    some command's help (flags of benchmarks/ scripts, pip and vLLM's bench are not ours)."""
+    import re
+    from pathlib import Path
+
+    ours: set[str] = set()
+    for command in ("run", "sweep", "gate", "report", "serve", "generate", "export-model"):
+        ours |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text(command)))
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    missing = set()
+    for paragraph in readme.split("\n\n"):
+        if re.search(r"benchmarks/|pip install|vllm bench", paragraph):
+            continue
+        missing |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", paragraph)) - ours
+    assert not missing, f"README names flags no command has: {sorted(missing)}"
