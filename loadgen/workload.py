@@ -94,12 +94,12 @@ class PromptBuilder:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        ids, words = [], []
-        for i in range(tokenizer.vocab_size):
-            s = tokenizer.decode([i])
-            if re.fullmatch(r" [a-z]{2,}", s) and tokenizer.encode(s, False) == [i]:
-                ids.append(i)
-                words.append(s)
+        cache = getattr(tokenizer, "derived_cache", None)  # a scan is 0.3-1 s of CPU per run
+        ids, words = (
+            cache("prompt-words-1", lambda: word_tokens(tokenizer))
+            if cache
+            else word_tokens(tokenizer)
+        )
         self.word_ids = np.asarray(ids, dtype=np.int64)
         self.words = words
         if len(ids) < 100 or not self._concatenates(np.random.default_rng(0)):
@@ -124,6 +124,17 @@ class PromptBuilder:
 
     def prompt(self, n: int, rng: np.random.Generator) -> str:
         return self.text(self.tokens(n, rng))
+
+
+def word_tokens(tokenizer: Any) -> tuple[list[int], list[str]]:
+    """The vocabulary's " word" tokens that encode back to themselves, and their text."""
+    ids, words = [], []
+    for i in range(tokenizer.vocab_size):
+        s = tokenizer.decode([i])
+        if re.fullmatch(r" [a-z]{2,}", s) and tokenizer.encode(s, False) == [i]:
+            ids.append(i)
+            words.append(s)
+    return ids, words
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ file each time; the cached tokenizer must behave exactly like the parsed one."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -21,6 +22,7 @@ from rich.console import Console
 from engine.model import sources
 from engine.model.sources import cache_dir, load_tokenizer, resolve_model_path
 from engine.model.tokenizer import Tokenizer
+from loadgen import workload
 from loadgen.workload import PromptBuilder, WorkloadConfig, synthetic
 
 TEXTS = [
@@ -89,11 +91,18 @@ def test_cached_tokenizer_encodes_and_decodes_like_the_parsed_one(
     assert cached.encode_chat(messages) == parsed.encode_chat(messages)
 
 
-def test_prompts_are_identical_with_the_cached_tokenizer(
-    parsed_and_cached: tuple[Tokenizer, Tokenizer, int],
+def test_prompts_are_identical_with_the_cached_tokenizer_and_word_list(
+    parsed_and_cached: tuple[Tokenizer, Tokenizer, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The old path (the GGUF parsed, the vocabulary scanned) and the new one (both read from
+    the cache) build the same prompts for a seed."""
     parsed, cached, _ = parsed_and_cached
-    old, new = PromptBuilder(parsed), PromptBuilder(cached)
+    uncached = copy.copy(parsed)
+    uncached.derived_cache = None
+    old = PromptBuilder(uncached)
+    PromptBuilder(cached)  # scans once, writes the word list
+    monkeypatch.setattr(workload, "word_tokens", lambda tk: pytest.fail("scanned again"))
+    new = PromptBuilder(cached)
     assert new.words == old.words
     assert new.word_ids.tolist() == old.word_ids.tolist()
     cfg = WorkloadConfig("uniform:1:300", "16", shared_prefix_len=20, num_prefix_groups=2, seed=7)

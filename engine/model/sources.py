@@ -4,12 +4,16 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
+import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from engine.config import ModelConfig
 from engine.model.tokenizer import Tokenizer
@@ -122,21 +126,41 @@ def _gguf_tokenizer(path: Path) -> Tokenizer:
     numpy view at a time (7-10 s of CPU for SmolLM2-135M), so the tokenizer it yields is
     kept as JSON in the cache (0.2 s to read back)."""
     cached = tokenizer_cache_path(path)
+    tok = None
     if cached is not None and cached.is_file():
         with contextlib.suppress(Exception):  # unreadable or foreign: parse the GGUF again
-            return Tokenizer.from_json(cached.read_text())
-    import gguf
+            tok = Tokenizer.from_json(cached.read_text())
+    if tok is None:
+        import gguf
 
-    tok = Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+        tok = Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
+        if cached is not None:
+            _write_atomic(cached, tok.to_json())
     if cached is not None:
-        with contextlib.suppress(OSError):  # a read-only home just means no cache
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=cached.parent, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(tok.to_json())
-                os.replace(tmp, cached)  # atomic: a concurrent reader sees all or nothing
-            finally:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+        tok.derived_cache = functools.partial(_derived, cached)
     return tok
+
+
+def _derived(tokenizer_file: Path, name: str, compute: Callable[[], Any]) -> Any:
+    """What `compute` derives from this tokenizer alone (e.g. the load generator's prompt
+    words), kept as JSON beside it: the same key, so a changed model file recomputes it."""
+    f = tokenizer_file.with_name(f"{tokenizer_file.stem}.{name}.json")
+    with contextlib.suppress(Exception):
+        return json.loads(f.read_text())
+    value = compute()
+    _write_atomic(f, json.dumps(value))
+    return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """All or nothing for a concurrent reader; a read-only home just means no cache."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,9 @@ class Tokenizer:
         self.bos_token_id = bos_token_id
         self.add_bos = add_bos and bos_token_id is not None
         self.chat_template = chat_template
+        # derived_cache(name, compute): compute() once per model file, kept on disk; set by
+        # engine/model/sources.py where the tokenizer has a cache entry (else None).
+        self.derived_cache: Callable[[str, Callable[[], Any]], Any] | None = None
 
     @property
     def vocab_size(self) -> int:
