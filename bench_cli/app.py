@@ -316,7 +316,18 @@ def run(
 
 @app.command()
 def sweep(
-    profile: Annotated[str, Opt(help="sweep profile: a run profile with a [sweep] table")],
+    profile: Annotated[
+        str | None,
+        Opt(help="sweep profile: a run profile with a [sweep] table (with --rates: any profile)"),
+    ] = None,
+    rates: Annotated[
+        str | None,
+        Opt(
+            help="the load axis: rates such as 1,2,4 (replace the profile's), or auto:N as "
+            "guidellm's sweep: a synchronous run (concurrency 1), a throughput run (every "
+            "request at once) and N-2 rates spaced linearly between their achieved req/s"
+        ),
+    ] = None,
     base_url: Annotated[str | None, Opt(help="sweep the load against an external server")] = None,
     model: Annotated[str | None, Opt(help="served model name or bundled model")] = None,
     api_key: Annotated[str | None, Opt(help="bearer token for the server")] = None,
@@ -327,14 +338,21 @@ def sweep(
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
 ) -> None:
     """Run one load list against a grid of engine settings, a fresh server per point; writes
-    sweep.csv and prints which setting is best at each load."""
+    sweep.csv and prints which setting is best at each load. `--rates auto:N` finds the loads
+    itself (`bench sweep --base-url URL --rates auto:10`: the default profile's requests)."""
     from bench_cli.sweep import run_sweep
 
     if repeat < 1:
         console.print("[bold red]error:[/] --repeat must be >= 1")
         raise typer.Exit(2)
+    if profile is None and rates is None:
+        console.print("[bold red]error:[/] give --profile (a sweep profile) and/or --rates")
+        raise typer.Exit(2)
     flags = {"base_url": base_url, "model": model, "api_key": api_key, "name": name, "out": out}
-    raise typer.Exit(run_sweep(profile, flags, repeat, resume, not no_dashboard, console))
+    code = run_sweep(
+        profile or "default", flags, repeat, resume, not no_dashboard, console, rates=rates
+    )
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -15,13 +15,15 @@ chunk sizes next to no chunking at all:
 
 Each point (and each of its `--repeat` runs) writes an ordinary run folder; `sweep.csv` holds
 one row a point, rewritten after every point, so an interrupted sweep keeps what finished
-and `--resume DIR` skips it."""
+and `--resume DIR` skips it. `--rates` gives the load axis on the command line, as a list or
+found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep_rates)."""
 
 from __future__ import annotations
 
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from bench_cli.export import run_dir, write_json
 from bench_cli.local_server import ServerStartError
 from bench_cli.run_command import exit_code, resolve_config, run_one
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
+from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
 from bench_cli.sweep_table import print_comparison
 from loadgen.runner import ProbeFailed
 
@@ -102,6 +105,54 @@ def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, A
     return row
 
 
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """What every run of a sweep shares: where it writes, what it runs, how it prints."""
+
+    base: dict[str, Any]
+    flags: dict[str, Any]
+    sweep_dir: Path
+    name: str
+    repeat: int
+    dashboard: bool
+    console: Console
+
+    def run(self, point: SweepPoint, k: int, total: int) -> dict[str, Any] | int:
+        """Run k of a point (or the one an earlier attempt finished): its summary, or the exit
+        code when it could not run."""
+        from engine.model.sources import ModelLoadError
+
+        repeat, console = self.repeat, self.console
+        out = self.sweep_dir / point.dirname / (f"run{k + 1}" if repeat > 1 else "")
+        title = escape(f"[{point.index + 1}/{total}] {point.label}") + (
+            f" (run {k + 1}/{repeat})" if repeat > 1 else ""
+        )
+        summary = _finished(out)
+        if summary is not None:
+            console.print(f"{title}: done before, kept")
+        else:
+            console.rule(title)
+            shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
+            cfg = resolve_config(self.base, _point_flags(self.flags, point, out))
+            try:
+                out_dir = run_dir(str(out), self.name)
+                summary = run_one(cfg, out_dir, self.dashboard, console, report=False)
+            except (ServerStartError, ValueError, ModelLoadError) as e:
+                console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
+                return 2
+            except ProbeFailed as e:
+                console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
+                return 1
+        if not summary["interrupted"]:
+            console.print(
+                f"  {summary['completed']} ok, {summary['failed']} failed, "
+                f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
+                f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms",
+                highlight=False,
+            )
+        return summary
+
+
 def run_sweep(
     profile: str,
     flags: dict[str, Any],
@@ -109,67 +160,66 @@ def run_sweep(
     resume: str | None,
     dashboard: bool,
     console: Console,
+    rates: str | None = None,
 ) -> int:
     import pandas as pd
 
     from engine.model.sources import ModelLoadError
 
     try:
-        base, axes = load_sweep(profile)
-        points = grid(axes)
+        spec = RateSpec.parse(rates) if rates is not None else None
+        base, axes = load_sweep(profile, required=spec is None)
+        if spec is not None:
+            axes = apply(spec, axes)
         name = flags.get("name") or base.get("name", "sweep")
         sweep_dir = Path(resume) if resume else run_dir(flags.get("out"), name)
         plan = masked({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
+        auto = spec.auto if spec is not None else None
+        anchors = None
+        if spec is not None:
+            plan["rates"] = spec.text
+        if auto:
+            anchors = _stored_anchors(sweep_dir) if resume else None
+            if anchors is not None:  # the rates it started with, not measured again
+                plan |= {"axes": auto_axes(axes, anchors["between"]), "anchors": anchors}
+            elif base.get("num_requests") is None:
+                raise ValueError(
+                    "--rates auto: its throughput point sends every request at once, so the "
+                    "profile must set num_requests"
+                )
         _check_resume(sweep_dir, plan, resume is not None)
-        for point in points:  # every point's config must resolve before the first runs
+        planned = auto_axes(axes, [1.0] * (auto - 2)) if auto and not anchors else plan["axes"]
+        for point in grid(planned):  # every point's config must resolve before the first runs
             resolve_config(base, _point_flags(flags, point, sweep_dir))
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     write_json(sweep_dir / "sweep.json", plan)
+    total = len(grid(planned))
     console.print(
-        escape(f"sweep {name}: {len(points)} points x {repeat} runs -> {sweep_dir}/"),
+        escape(f"sweep {name}: {total} points x {repeat} runs -> {sweep_dir}/"),
         highlight=False,
     )
+    sweep = Sweep(base, flags, sweep_dir, name, repeat, dashboard, console)
+    if spec is not None and spec.auto and anchors is None:
+        found = _find_anchors(sweep, spec, axes, total)
+        if isinstance(found, int):
+            return found
+        plan |= {"axes": auto_axes(axes, found["between"]), "anchors": found}
+        write_json(sweep_dir / "sweep.json", plan)
+    axes = plan["axes"]
     rows: list[dict[str, Any]] = []
-    for point in points:
+    for point in grid(axes):
         summaries = []
         for k in range(repeat):
-            out = sweep_dir / point.dirname / (f"run{k + 1}" if repeat > 1 else "")
-            title = escape(f"[{point.index + 1}/{len(points)}] {point.label}") + (
-                f" (run {k + 1}/{repeat})" if repeat > 1 else ""
-            )
-            summary = _finished(out)
-            if summary is not None:
-                console.print(f"{title}: done before, kept")
-            else:
-                console.rule(title)
-                shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
-                cfg = resolve_config(base, _point_flags(flags, point, out))
-                try:
-                    out_dir = run_dir(str(out), name)
-                    summary = run_one(cfg, out_dir, dashboard, console, report=False)
-                except (ServerStartError, ValueError, ModelLoadError) as e:
-                    console.print(
-                        f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False
-                    )
-                    return 2
-                except ProbeFailed as e:
-                    console.print(
-                        f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False
-                    )
-                    return 1
-                if summary["interrupted"]:
-                    console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
-                    _write_csv(sweep_dir, rows, pd)
-                    return exit_code(summary)
+            summary = sweep.run(point, k, total)
+            if isinstance(summary, int):
+                return summary
+            if summary["interrupted"]:
+                console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
+                _write_csv(sweep_dir, rows, pd)
+                return exit_code(summary)
             summaries.append(summary)
-            console.print(
-                f"  {summary['completed']} ok, {summary['failed']} failed, "
-                f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
-                f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms",
-                highlight=False,
-            )
         rows.append(aggregate(point, summaries))
         _write_csv(sweep_dir, rows, pd)
     print_comparison(console, rows, list(axes), [a for a in axes if a in LOAD_AXES])
@@ -178,6 +228,59 @@ def run_sweep(
     sweep_report(sweep_dir)
     console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
     return 0
+
+
+def _find_anchors(
+    sweep: Sweep, spec: RateSpec, settings: dict[str, list[Any]], total: int
+) -> dict[str, Any] | int:
+    """Run the first setting's synchronous and throughput points (every repeat) before the
+    rest: their mean achieved request rates are the ends of the rates between."""
+    assert spec.auto is not None
+    points = anchor_points(settings, spec.auto)
+    achieved = []
+    for point in points:
+        summaries = []
+        for k in range(sweep.repeat):
+            summary = sweep.run(point, k, total)
+            if isinstance(summary, int):
+                return summary
+            if summary["interrupted"]:
+                sweep.console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
+                return exit_code(summary)
+            summaries.append(summary)
+        rate = float(np.mean([s["request_throughput"] for s in summaries]))
+        if not rate > 0:
+            sweep.console.print(
+                f"[bold red]error:[/] no request of {escape(point.label)} succeeded: "
+                "no rate to start the sweep from",
+                highlight=False,
+            )
+            return 1
+        achieved.append(rate)
+    # the arrival kind of the rates between: the profile's (a throughput point is sent by it)
+    arrival = resolve_config(sweep.base, _point_flags(sweep.flags, points[1], sweep.sweep_dir))
+    found = anchors_record(spec, arrival.arrival, points, (achieved[0], achieved[1]))
+    between_text = ", ".join(f"{r:g}" for r in found["between"])
+    sweep.console.print(
+        f"anchors: synchronous {achieved[0]:.2f} req/s, throughput {achieved[1]:.2f} req/s -> "
+        f"{arrival.arrival} rates {between_text}",
+        highlight=False,
+    )
+    if achieved[1] <= achieved[0]:
+        sweep.console.print(
+            "[yellow]note:[/] the throughput point served no more requests/s than one at a "
+            "time: the rates between do not rise",
+            highlight=False,
+        )
+    return found
+
+
+def _stored_anchors(sweep_dir: Path) -> dict[str, Any] | None:
+    """The anchors a sweep being resumed measured (None when it stopped before)."""
+    try:
+        return json.loads((sweep_dir / "sweep.json").read_text()).get("anchors")
+    except (OSError, ValueError):
+        return None  # _check_resume says why
 
 
 def _point_flags(flags: dict[str, Any], point: SweepPoint, out: Path) -> dict[str, Any]:

@@ -31,10 +31,13 @@ class SweepPoint:
         return f"p{self.index:02d}-" + re.sub(r"[^A-Za-z0-9_.-]+", "", slug)[:80]
 
 
-def load_sweep(profile: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """A profile's plain keys and its sweep axes."""
+def load_sweep(profile: str, required: bool = True) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """A profile's plain keys and its sweep axes (none, when not `required`: `--rates` gives
+    the load of a profile without a [sweep] table)."""
     data = load_profile(profile)
     axes = data.pop("sweep", None)
+    if not axes and not required:
+        return data, {}
     if not isinstance(axes, dict) or not axes:
         raise ValueError(f"profile {profile!r} has no [sweep] table of lists to sweep over")
     for key, values in axes.items():

@@ -3,11 +3,14 @@ each column marked, then each setting's SLO knee (the highest load it still serv
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from bench_cli.sweep_rates import SYNC
 
 # (column, sweep.csv key, higher is better, scale, format)
 COLUMNS = (
@@ -88,6 +91,13 @@ def knee(members: list[dict[str, Any]], load: str) -> str:
     served = [m[load] for m in tested if m["slo_attainment"] >= SLO_ATTAINMENT]
     if not served:
         return "none"
+    highest = max(served, key=load_order)
     if len(served) == len(tested):
-        return f"not reached up to {max(served)}"
-    return str(max(served))
+        return f"not reached up to {highest}"
+    return str(highest)
+
+
+def load_order(value: Any) -> float:
+    """Loads ordered lightest first: `--rates auto`'s synchronous point (one request at a
+    time, named "sync" on the rate axis) below every rate."""
+    return -math.inf if value == SYNC else float(value)
