@@ -114,3 +114,20 @@ def test_without_a_terminal_a_log_gets_progress_lines(
     assert lines and "sent" in lines[0] and "TTFT" in lines[0]  # one every 5 s
     assert "/70 requests · ETA" in lines[0], lines[0]
     assert "╭" not in done.stdout  # no live panel in a log
+
+
+def test_live_itl_is_each_requests_own_gaps() -> None:
+    """Two requests one after the other: the 0.3 s between the first's end and the second's
+    start is no inter-token latency (the live view once showed it as ITL p99)."""
+    from loadgen.records import RequestRecord
+
+    recs = []
+    for i, start in enumerate((0.0, 0.5)):
+        r = RequestRecord(i, f"r{i}", 4, 4, status="ok", output_tokens=4)
+        r.send_s, r.chunk_s = start, [start + 0.1, start + 0.12, start + 0.14, start + 0.16]
+        r.first_chunk_s, r.end_s = r.chunk_s[0], r.chunk_s[-1]
+        recs.append(r)
+    runner = SimpleNamespace(progress=Progress(), t0=time.perf_counter(), records=recs)
+    view = Dashboard(runner, None, "t", None, Console(file=io.StringIO()))
+    _, itl, _, _ = view._latencies()
+    assert itl == "20 / 20", itl
