@@ -1,6 +1,7 @@
 """`bench run`: resolve the config, start the target, run the load with a progress bar, print
 and write the results. Exit codes: 0 done (some requests may have failed: the summary says),
-1 nothing measured (the test request failed, or no request succeeded), 2 bad input,
+1 nothing measured (the test request failed, no request succeeded, or the first ones all failed
+alike and the run stopped early), 2 bad input,
 128 + the signal's number when interrupted (130 for Ctrl-C)."""
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,8 +20,7 @@ from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result
 from loadgen.config import RunConfig, build_config, load_profile
-from loadgen.runner import ProbeFailed, run_event_loop
-from loadgen.telemetry import Telemetry
+from loadgen.runner import ProbeFailed
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
@@ -86,9 +85,9 @@ def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
 def run_one(
     cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console, report: bool = True
 ) -> dict[str, Any]:
-    """Build the plan, start the target, run, write the results (and report.html); the
-    summary."""
-    from loadgen.benchmark import build_plan
+    """Plan, start the target, connect, measure (loadgen's three steps), then write the
+    results (and report.html); the summary."""
+    from loadgen.benchmark import Target, build_plan, connect, measure
 
     tokenizer, tokenizer_name = _tokenizer(cfg, console)
     built = build_plan(cfg, tokenizer)
@@ -98,43 +97,24 @@ def run_one(
     server: LocalServer | None = None
     try:
         if cfg.base_url:
-            backend: Any = _http_backend(cfg, cfg.base_url, tokenizer)
-            config["target"] = {"kind": "external", "base_url": cfg.base_url}
+            target = Target.external(cfg.base_url)
         elif cfg.in_process:
-            from loadgen.backends import InProcessBackend
-
-            backend = InProcessBackend.from_engine_args(
-                cfg.model, cfg.endpoint, cfg.ignore_eos, cfg.sampling(), **cfg.engine
-            )
-            config["target"] = {"kind": "bundled-in-process"}
-            engine = backend.engine.engine
-            config["engine"] = engine.config.to_dict() | {
-                "decode_attention": engine.decode_attention
-            }
-            engine.log_steps(out_dir / "steps.jsonl")
+            target = Target.in_process()
         else:
             server = LocalServer(
                 cfg.model, cfg.engine, out_dir / "server.log", out_dir / "steps.jsonl"
             )
             with console.status(f"starting the bundled engine ({cfg.model}) ..."):
                 server.start()
-            backend = _http_backend(cfg, server.base_url, tokenizer)
-            config["target"] = {"kind": "bundled", "base_url": server.base_url}
+            target = Target.bundled(server.base_url, server.proc.pid if server.proc else None)
             config["engine"] = server.engine_config()
+        backend = connect(cfg, target, tokenizer)
+        config["target"] = target.describe()
+        if cfg.in_process:
+            config["engine"] = backend.engine_info()  # type: ignore[attr-defined]
         write_json(out_dir / "config.json", config | environment())
-        telemetry = _telemetry(cfg, server)
-        telemetry.start()
-        try:
-            summary, outcome = run_event_loop(
-                _run(cfg, backend, built, out_dir, dashboard, console, telemetry)
-            )
-        finally:
-            telemetry.stop()
-            if cfg.in_process:
-                backend.engine.engine.log_steps(None)  # closes steps.jsonl
-        telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
-        summary["telemetry"] = telemetry.summary()
-        summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
+        view = _live_view(cfg, console) if dashboard else None
+        summary, outcome = measure(cfg, built, backend, target, out_dir, view)
         summary["config"] = config
         # An engine started for this run and not warmed: its first requests pay one-off costs.
         summary["cold_start"] = not cfg.base_url and cfg.warmup == 0
@@ -187,41 +167,11 @@ def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
     return load_tokenizer(DEFAULT_TOKENIZER), DEFAULT_TOKENIZER
 
 
-def _telemetry(cfg: RunConfig, server: LocalServer | None) -> Telemetry:
-    """The bundled server's process and /metrics; an external server's /metrics (vLLM serves
-    it beside /v1); in-process, our own process."""
-    every = cfg.telemetry_interval
-    if server is not None and server.proc is not None:
-        return Telemetry(server.proc.pid, f"http://127.0.0.1:{server.port}/metrics", every)
-    if cfg.base_url:
-        root = cfg.base_url.rstrip("/").removesuffix("/v1")
-        return Telemetry(None, f"{root}/metrics", every)
-    return Telemetry(os.getpid(), None, every)
-
-
 @functools.lru_cache(maxsize=4)  # a sweep asks for the same one at every point
 def _cached_tokenizer(name: str) -> Any:
     from engine.model.sources import load_tokenizer
 
     return load_tokenizer(name)
-
-
-def _http_backend(cfg: RunConfig, base_url: str, tokenizer: Any) -> Any:
-    from loadgen.backends import OpenAIBackend
-
-    return OpenAIBackend(
-        base_url,
-        cfg.model,
-        cfg.endpoint,
-        cfg.api_key,
-        cfg.timeout,
-        max_connections=cfg.concurrency or 0,  # an open loop must never queue in the pool
-        ignore_eos=cfg.ignore_eos,
-        tokenizer=tokenizer,
-        extra_body=cfg.extra_body,
-        sampling=cfg.sampling(),
-        headers=cfg.headers,
-    )
 
 
 def _load_text(cfg: RunConfig) -> str:
@@ -244,32 +194,14 @@ def _load_text(cfg: RunConfig) -> str:
     return text
 
 
-async def _run(
-    cfg: RunConfig,
-    backend: Any,
-    built: Any,
-    out_dir: Path,
-    dashboard: bool,
-    console: Console,
-    telemetry: Telemetry | None = None,
-) -> tuple[dict[str, Any], Any]:
+def _live_view(cfg: RunConfig, console: Console) -> Any:
+    """The dashboard, started by the run once its runner and telemetry exist."""
     from bench_cli.dashboard import Dashboard
-    from loadgen.benchmark import run_benchmark
 
-    if not dashboard:
-        return await run_benchmark(cfg, backend, built, out_dir)
-    view: asyncio.Task | None = None
+    title = f"{cfg.name}: {_load_text(cfg)}"
+    rate = cfg.rate if cfg.rate and cfg.arrival != "trace" else None
 
-    def on_start(runner: Any) -> None:
-        nonlocal view
-        title = f"{cfg.name}: {_load_text(cfg)}"
-        rate = cfg.rate if cfg.rate and cfg.arrival != "trace" else None
-        view = asyncio.create_task(Dashboard(runner, telemetry, title, rate, console).run())
+    def start(runner: Any, telemetry: Any) -> asyncio.Task:
+        return asyncio.create_task(Dashboard(runner, telemetry, title, rate, console).run())
 
-    try:
-        return await run_benchmark(cfg, backend, built, out_dir, on_start)
-    finally:
-        if view is not None:
-            view.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await view
+    return start

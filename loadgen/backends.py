@@ -323,6 +323,11 @@ class InProcessBackend:
         backend._owned = True
         return backend
 
+    def engine_info(self) -> dict[str, Any]:
+        """The engine's whole resolved config, for config.json."""
+        engine = self.engine.engine
+        return engine.config.to_dict() | {"decode_attention": engine.decode_attention}
+
     async def start(self) -> None:
         if self._owned:
             await self.engine.start()

@@ -1,5 +1,8 @@
-"""One benchmark run from a `RunConfig`: the schedule and prompts built up front, the load
-sent through a backend, every record appended to requests.jsonl, and the summary."""
+"""One benchmark run from a `RunConfig`, in three steps the CLI calls in order: `build_plan`
+(the schedule and prompts, before any server starts, so a bad file fails first), `connect`
+(the backend for a target the CLI started or was given) and `measure` (telemetry, the load
+under an event loop, requests.jsonl and timeline.csv, the summary). Starting and stopping the
+bundled server, printing and writing the summary and report are the CLI's."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,8 +23,9 @@ from loadgen.backends import Backend
 from loadgen.config import RunConfig
 from loadgen.metrics import SLO, arrival_check, summarize
 from loadgen.records import RecordWriter
-from loadgen.runner import LoadPlan, LoadRunner, RunOutcome
+from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
+from loadgen.telemetry import Telemetry
 from loadgen.traces import read_trace
 from loadgen.workload import (
     PromptBuilder,
@@ -34,6 +39,36 @@ from loadgen.workload import (
 )
 
 DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = "256", "128"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where the load goes (an API root, or None: the bundled engine in this process) and
+    what can be watched of it: a process (CPU, RSS) and a Prometheus /metrics page."""
+
+    kind: str  # external | bundled | bundled-in-process
+    base_url: str | None = None
+    pid: int | None = None
+    metrics_url: str | None = None
+
+    @classmethod
+    def external(cls, base_url: str) -> Target:
+        """Any server: only its /metrics (vLLM serves it beside /v1), no process of ours."""
+        root = base_url.rstrip("/").removesuffix("/v1")
+        return cls("external", base_url, None, f"{root}/metrics")
+
+    @classmethod
+    def bundled(cls, base_url: str, pid: int | None) -> Target:
+        root = base_url.rstrip("/").removesuffix("/v1")
+        return cls("bundled", base_url, pid, f"{root}/metrics")
+
+    @classmethod
+    def in_process(cls) -> Target:
+        return cls("bundled-in-process", None, os.getpid(), None)
+
+    def describe(self) -> dict[str, Any]:
+        """For config.json."""
+        return {"kind": self.kind} | ({"base_url": self.base_url} if self.base_url else {})
 
 
 @dataclass(slots=True)
@@ -137,12 +172,72 @@ def probe_of(spec: RequestSpec) -> RequestSpec:
     return dataclasses.replace(spec, output_len=min(spec.output_len, 4))
 
 
+def connect(cfg: RunConfig, target: Target, tokenizer: Any) -> Backend:
+    """The backend for a target: streaming HTTP, or the bundled engine built from
+    `cfg.engine` in this process."""
+    from loadgen.backends import InProcessBackend, OpenAIBackend
+
+    if target.base_url is None:
+        assert cfg.model is not None
+        return InProcessBackend.from_engine_args(
+            cfg.model, cfg.endpoint, cfg.ignore_eos, cfg.sampling(), **cfg.engine
+        )
+    return OpenAIBackend(
+        target.base_url,
+        cfg.model or "",
+        cfg.endpoint,
+        cfg.api_key,
+        cfg.timeout,
+        max_connections=cfg.concurrency or 0,  # an open loop must never queue in the pool
+        ignore_eos=cfg.ignore_eos,
+        tokenizer=tokenizer,
+        extra_body=cfg.extra_body,
+        sampling=cfg.sampling(),
+        headers=cfg.headers,
+    )
+
+
+# Called once the load is about to start, with what a live view shows; it may return a task
+# (the view's) that is cancelled when the run ends.
+OnStart = Callable[[LoadRunner, Telemetry], "asyncio.Task | None"]
+
+
+def measure(
+    cfg: RunConfig,
+    built: BuiltPlan,
+    backend: Backend,
+    target: Target,
+    out_dir: Path,
+    on_start: OnStart | None = None,
+) -> tuple[dict[str, Any], RunOutcome]:
+    """Run the plan under its own event loop with telemetry sampling the target; writes
+    requests.jsonl, timeline.csv (and steps.jsonl for an in-process engine); the summary."""
+    engine = getattr(getattr(backend, "engine", None), "engine", None)  # in-process only
+    if engine is not None:
+        engine.log_steps(out_dir / "steps.jsonl")
+    telemetry = Telemetry(target.pid, target.metrics_url, cfg.telemetry_interval)
+    telemetry.start()
+    try:
+        summary, outcome = run_event_loop(
+            run_benchmark(cfg, backend, built, out_dir, on_start, telemetry)
+        )
+    finally:
+        telemetry.stop()
+        if engine is not None:
+            engine.log_steps(None)  # closes steps.jsonl
+    telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
+    summary["telemetry"] = telemetry.summary()
+    summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
+    return summary, outcome
+
+
 async def run_benchmark(
     cfg: RunConfig,
     backend: Backend,
     built: BuiltPlan,
     out_dir: Path,
-    on_start: Callable[[LoadRunner], None] | None = None,
+    on_start: OnStart | None = None,
+    telemetry: Telemetry | None = None,
 ) -> tuple[dict[str, Any], RunOutcome]:
     """Run the plan; Ctrl-C stops sending, cancels what is in flight and still summarizes
     every request that finished."""
@@ -154,12 +249,15 @@ async def run_benchmark(
             loop.add_signal_handler(sig, runner.stop, sig)
     except (NotImplementedError, RuntimeError):  # not the main thread, or no signals here
         pass
-    if on_start is not None:
-        on_start(runner)
+    view = on_start(runner, telemetry or Telemetry()) if on_start is not None else None
     try:
         outcome = await runner.run()
     finally:
         writer.close()
+        if view is not None:
+            view.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await view
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(sig)

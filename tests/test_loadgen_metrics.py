@@ -391,7 +391,7 @@ def test_different_failures_or_a_short_run_are_not_stopped_early() -> None:
 def test_headers_sampling_and_extra_body_reach_the_server() -> None:
     """--header, --temperature/--top-p/--top-k and --extra-body go into every request; the
     extra body is merged last (it may override anything, as vLLM's does)."""
-    from bench_cli.run_command import _http_backend
+    from loadgen.benchmark import Target, connect
     from loadgen.config import build_config
 
     seen: dict[str, Any] = {}
@@ -415,7 +415,8 @@ def test_headers_sampling_and_extra_body_reach_the_server() -> None:
     }
     cfg = build_config({}, flags, set())
     kw = {
-        k: getattr(_http_backend(cfg, "http://h/v1", None), k) for k in ("sampling", "extra_body")
+        k: getattr(connect(cfg, Target.external("http://h/v1"), None), k)
+        for k in ("sampling", "extra_body")
     }
     r = asyncio.run(_serve_and_send(handler, headers=cfg.headers, **kw))
     assert r.status == "ok", r.error
