@@ -43,6 +43,9 @@ KVMemory = Annotated[float | None, typer.Option(help="KV-cache memory budget in 
 MaxModelLen = Annotated[int | None, typer.Option(help="longest prompt + output")]
 Quantization = Annotated[str | None, typer.Option(help="fp8: e4m3 linear weights")]
 KVDtype = Annotated[str, typer.Option(help="auto | bfloat16 | float32 | fp8 (e4m3, scaled)")]
+PrefixCaching = Annotated[
+    bool, typer.Option(help="reuse the KV of cached prompt prefixes (full 16-token blocks)")
+]
 EnforceEager = Annotated[
     bool, typer.Option(help="eager PyTorch only: no compiled CPU decode attention")
 ]
@@ -93,6 +96,7 @@ def generate(
     quantization: Quantization = None,
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
+    enable_prefix_caching: PrefixCaching = True,
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -176,6 +180,7 @@ def serve(
     quantization: Quantization = None,
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
+    enable_prefix_caching: PrefixCaching = True,
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -303,6 +308,9 @@ def run(
     ] = None,
     enforce_eager: Annotated[
         bool | None, Opt(help="engine: no compiled CPU decode attention")
+    ] = None,
+    enable_prefix_caching: Annotated[
+        bool | None, Opt(help="engine: reuse cached prompt prefixes (default on)")
     ] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible

@@ -44,6 +44,9 @@ class CacheConfig:
     # auto: the model's dtype. fp8 (alias fp8_e4m3): e4m3 with calibrated per-head scales,
     # half of bf16's bytes, so the same memory budget holds twice the blocks.
     kv_cache_dtype: Literal["auto", "bfloat16", "float32", "fp8", "fp8_e4m3"] = "auto"
+    # Reuse the KV of full blocks whose tokens (and every token before them) match a
+    # computed block still in the pool; on by default, as in vLLM v1.
+    enable_prefix_caching: bool = True
 
 
 @dataclass(slots=True)

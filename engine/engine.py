@@ -116,7 +116,9 @@ class LLMEngine:
         assert config.max_model_len is not None and config.cache.num_kv_blocks is not None
         self.max_model_len = config.max_model_len
         loaded.model.prepare(self.max_model_len)
-        self.kv = KVCacheManager(config.cache.num_kv_blocks, config.cache.block_size)
+        self.kv = KVCacheManager(
+            config.cache.num_kv_blocks, config.cache.block_size, cache.enable_prefix_caching
+        )
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         self.runner = ModelRunner(
             loaded.model,
@@ -265,6 +267,8 @@ class LLMEngine:
                 "waiting": self.scheduler.num_waiting,
                 "kv_blocks_used": self.kv.num_used_blocks,
                 "preempted": len(out.preempted),
+                "cached_tokens": out.cached_tokens,  # admitted from the prefix cache, not computed
+                "prefix_cache_hit_rate": self._hit_rate(),
             }
             self._step_log.write(json.dumps(line) + "\n")
         self._step_outputs = []
@@ -339,7 +343,10 @@ class LLMEngine:
             "kv_contiguous_bytes_equivalent": self.kv.peak_num_requests
             * self.max_model_len
             * token_bytes,
-            "prefix_cache_hit_rate": 0.0,
+            "prefix_cache_queries": self.kv.prefix_queries,
+            "prefix_cache_hits": self.kv.prefix_hits,
+            "prefix_cache_hit_rate": self._hit_rate(),
+            "kv_blocks_cached": len(self.kv.pool.cached),
             "last_step_num_tokens": self._last_step["num_tokens"],
             "last_step_num_seqs": self._last_step["num_seqs"],
             "last_step_time_s": self._last_step["time_s"],
@@ -347,6 +354,14 @@ class LLMEngine:
             "prompt_tokens_total": self._counters["prompt_tokens"],
             "generation_tokens_total": self._counters["generation_tokens"],
         }
+
+    def _hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache / prompt tokens looked up (vLLM's)."""
+        return self.kv.prefix_hits / self.kv.prefix_queries if self.kv.prefix_queries else 0.0
+
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached blocks nobody uses (for runs that must start cold)."""
+        return self.kv.reset_prefix_cache()
 
 
 class LLM:

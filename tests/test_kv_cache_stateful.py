@@ -1,9 +1,13 @@
-"""Stateful property test: a real `Scheduler` over a real `KVCacheManager`, driven by random
-adds, steps, aborts and early stops, keeps its block accounting exact and never deadlocks.
+"""Stateful property test: a real `Scheduler` over a real `KVCacheManager` with the prefix
+cache on or off, driven by random adds (prompts that share prefixes), steps, aborts, early
+stops and cache resets, keeps its block accounting exact, never writes into a block another
+request reads, never frees a block in use nor leaks one, keeps every cached block's contents
+equal to its hash, and never deadlocks.
 
-A step mimics `LLMEngine.step` without a model: schedule, advance, then every scheduled
-request whose tokens are all computed gets one fake sampled token and is finished (LENGTH)
-once it reached `max_tokens` or the context length."""
+A step mimics `LLMEngine.step` without a model: schedule, "compute" (each block records the
+tokens whose KV it now holds: the whole prefix up to its end, as real KV depends on it),
+advance, then every scheduled request whose tokens are all computed gets one fake sampled
+token and is finished (LENGTH) once it reached `max_tokens` or the context length."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from hypothesis.stateful import (
 )
 
 from engine.config import SchedulerConfig
-from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager, hash_block
 from engine.core.request import FinishReason, Request, RequestStatus, SamplingParams
 from engine.core.scheduler import Scheduler
 
@@ -49,6 +53,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         long_prefill_token_threshold=st.sampled_from([0, 0, 3, 16]),
         batching=st.sampled_from(["continuous", "static"]),
         max_model_len=st.integers(8, 256),
+        prefix_caching=st.booleans(),
     )
     def configure(
         self,
@@ -60,6 +65,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         long_prefill_token_threshold: int,
         batching: str,
         max_model_len: int,
+        prefix_caching: bool,
     ) -> None:
         self.config = SchedulerConfig(
             batching=batching,  # type: ignore[arg-type]
@@ -68,7 +74,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
         )
-        self.kv = KVCacheManager(num_blocks, block_size)
+        self.kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+        self.contents: dict[int, tuple[int, ...]] = {}  # block -> the prefix its KV holds
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
         self.budget = max_num_batched_tokens
@@ -95,6 +102,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert n == req.num_tokens, "a prompt was split without chunked prefill"
         if self.config.batching == "static":
             self._check_static_batch()
+        self._compute(out)
         sched.advance(out)
         for req, _ in out.scheduled:
             if req.num_computed_tokens == req.num_tokens:
@@ -104,6 +112,20 @@ class SchedulerMachine(RuleBasedStateMachine):
                     or req.num_tokens >= self.max_model_len
                 ):
                     self._finish(req, FinishReason.LENGTH)
+
+    def _compute(self, out) -> None:
+        """Write each scheduled token's KV into its block: only into a block this request
+        alone holds (a shared block is read-only), and only over tokens that are the same or
+        new (a block is never rewritten with other tokens while cached)."""
+        bs, pool = self.kv.block_size, self.kv.pool
+        for req, n in out.scheduled:
+            table = self.kv.block_tables[req.request_id]
+            for pos in range(req.num_computed_tokens, req.num_computed_tokens + n):
+                block = table[pos // bs]
+                assert pool.ref_counts[block] == 1, f"wrote into shared block {block}"
+                self.contents[block] = tuple(req.token_ids[: pos + 1])
+                if pos % bs == 0:  # a block's first write: it held another prefix before
+                    assert pool.block_hash[block] is None, "wrote into a cached block"
 
     def _check_static_batch(self) -> None:
         """A new static batch starts only once every member of the previous one finished."""
@@ -149,10 +171,19 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         assert not never_fits
         rid = f"r{next(self.ids)}"
-        req = Request(rid, [1] * prompt_len, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        tokens = self._tokens(prompt_len)
+        req = Request(rid, tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
         self.arrival[rid] = len(self.arrival)
         self.live.append(req)
         self.scheduler.add(req)
+
+    def _tokens(self, n: int) -> list[int]:
+        """One of three shared "system prompts" cut at a random length, then its own tail:
+        requests share prefixes of every length, aligned to blocks or not."""
+        k = next(self.ids)
+        shared = (k * 7919) % 3
+        cut = (k * 104729) % (n + 1)
+        return [100 + shared] * cut + [1000 + k + i for i in range(n - cut)]
 
     def _prompt_lengths(self) -> st.SearchStrategy[int]:
         # Up to the whole cache: small ones share it, large ones crowd each other out.
@@ -191,6 +222,11 @@ class SchedulerMachine(RuleBasedStateMachine):
     def stop_running_request_early(self, data: st.DataObject) -> None:
         self._finish(data.draw(st.sampled_from(self.scheduler.running)), FinishReason.STOP)
 
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        if self.configured:
+            self.kv.reset_prefix_cache()
+
     @precondition(lambda self: len(self.live) >= 2)
     @rule()
     def drain_finishes_every_request(self) -> None:
@@ -204,15 +240,31 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         kv, pool = self.kv, self.kv.pool
         tables = kv.block_tables
-        owned = [b for table in tables.values() for b in table]
-        assert len(owned) == len(set(owned)), "a block is in two block tables"
-        assert len(owned) == pool.num_used
-        used = set(owned)
+        users: dict[int, int] = {}
+        for table in tables.values():
+            assert len(table) == len(set(table)), "a block twice in one table"
+            for b in table:
+                users[b] = users.get(b, 0) + 1
+        if not kv.enable_prefix_caching:
+            assert all(n == 1 for n in users.values()), "a block shared without caching"
+        assert len(users) == pool.num_used
         for b in range(pool.num_blocks):
-            assert pool.ref_counts[b] == (1 if b in used else 0), f"block {b}"
+            assert pool.ref_counts[b] == users.get(b, 0), f"block {b}: reference count"
         free = list(pool._free)
         assert len(free) == len(set(free)), "the free queue has a duplicate"
-        assert set(free) == set(range(pool.num_blocks)) - used
+        assert set(free) == set(range(pool.num_blocks)) - set(users)
+        # Every findable block holds exactly the tokens its hash names, and only full,
+        # computed blocks are findable.
+        assert len(pool.cached) == sum(h is not None for h in pool.block_hash)
+        bs = kv.block_size
+        for h, b in pool.cached.items():
+            assert pool.block_hash[b] == h
+            held = self.contents.get(b, ())
+            assert len(held) % bs == 0 and held, f"cached block {b} is not full"
+            chain = None
+            for i in range(0, len(held), bs):
+                chain = hash_block(chain, list(held[i : i + bs]))
+            assert chain == h, f"cached block {b} holds other tokens than its hash says"
 
     @invariant()
     def check_request_states(self) -> None:

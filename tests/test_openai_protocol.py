@@ -197,7 +197,32 @@ def test_token_id_prompt_is_served(client: Any) -> None:
         client, "/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3, "ignore_eos": True}
     )
     assert status == 200
-    assert answer["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    assert answer["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 3,
+        "total_tokens": 6,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+
+
+def test_usage_and_metrics_report_the_prefix_cache(client: Any) -> None:
+    """A prompt seen before is served from the cache but for its last block (usage says how
+    many prompt tokens, as vLLM and OpenAI do); /metrics counts lookups and hits."""
+    body = {"prompt": list(range(10, 60)), "max_tokens": 2, "ignore_eos": True}
+    _, first = post(client, "/v1/completions", body)
+    _, again = post(client, "/v1/completions", body)
+    assert first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": 48}
+    c, loop = client
+    page = loop.run_until_complete(_text(c, "/metrics"))
+    values = dict(line.rsplit(" ", 1) for line in page.splitlines() if line[0] != "#")
+    assert float(values["servebench:prefix_cache_hits_total"]) >= 48
+    assert float(values["servebench:prefix_cache_queries_total"]) >= 100
+
+
+async def _text(c: Any, path: str) -> str:
+    resp = await c.get(path)
+    return await resp.text()
 
 
 def test_a_failing_step_fails_its_requests_and_the_server_keeps_serving(

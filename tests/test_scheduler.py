@@ -3,6 +3,8 @@ sampled tokens standing in for the model (the way `LLMEngine.step` drives it).""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from engine.config import Batching, SchedulerConfig
@@ -34,13 +36,24 @@ def make_scheduler(
     return Scheduler(config, KVCacheManager(num_blocks, block_size), max_model_len)
 
 
-def add(sched: Scheduler, request_id: str, prompt_len: int, max_tokens: int) -> Request:
+def add(
+    sched: Scheduler,
+    request_id: str,
+    prompt_len: int,
+    max_tokens: int,
+    tokens: list[int] | None = None,
+) -> Request:
+    """A request whose prompt shares no block with any other's (unless `tokens` are given):
+    these tests are about scheduling, not the prefix cache."""
     sched.check_fits(prompt_len, max_tokens)
-    req = Request(
-        request_id, [1] * prompt_len, SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    )
+    if tokens is None:
+        tokens = [next(_distinct) for _ in range(prompt_len)]
+    req = Request(request_id, tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     sched.add(req)
     return req
+
+
+_distinct = itertools.count(1000)
 
 
 def run_step(sched: Scheduler) -> SchedulerOutput:

@@ -1,12 +1,17 @@
-"""A fixed pool of KV-cache blocks with reference counts.
+"""A fixed pool of KV-cache blocks with reference counts, and the prefix cache over it.
 
-Blocks are handed out from the front of a free queue and returned to its back, so the
-least recently freed block is reused first (the order prefix caching will rely on)."""
+Free blocks wait in a queue in the order they were freed; allocation takes the least recently
+freed first. A full block that was computed carries the hash of its tokens (chained on its
+parent's), and a freed block keeps that hash: it stays findable, and reusable by a later
+request with the same prefix, until allocation hands it out for other tokens (vLLM v1's
+design: eviction is simply LRU reuse of the free queue)."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Iterable
+
+BlockHash = bytes
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -19,10 +24,14 @@ class BlockPool:
             raise ValueError(f"a block pool needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.ref_counts = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self.block_hash: list[BlockHash | None] = [None] * num_blocks
+        self.cached: dict[BlockHash, int] = {}  # hash -> the block holding those tokens
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.num_evicted = 0  # cached blocks handed out for other tokens
 
     @property
     def num_free(self) -> int:
+        """Blocks with no user: never used, or freed (cached ones among them stay findable)."""
         return len(self._free)
 
     @property
@@ -30,17 +39,58 @@ class BlockPool:
         return self.num_blocks - len(self._free)
 
     def allocate(self, n: int) -> list[int]:
+        """n blocks for new tokens, least recently freed first; a cached one loses its hash."""
         if n > len(self._free):
             raise NoFreeBlocksError(f"asked for {n} blocks, {len(self._free)} free")
-        blocks = [self._free.popleft() for _ in range(n)]
+        blocks = [self._free.popitem(last=False)[0] for _ in range(n)]
         for b in blocks:
+            self._uncache(b)
             self.ref_counts[b] = 1
         return blocks
 
+    def touch(self, blocks: Iterable[int]) -> None:
+        """One more user of each block (a cache hit): a free one leaves the free queue."""
+        for b in blocks:
+            if self.ref_counts[b] == 0:
+                del self._free[b]
+            self.ref_counts[b] += 1
+
     def free(self, blocks: Iterable[int]) -> None:
+        """One user fewer; a block nobody uses goes to the back of the free queue, hash kept."""
         for b in blocks:
             if self.ref_counts[b] <= 0:
                 raise RuntimeError(f"block {b} freed while not in use")
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
-                self._free.append(b)
+                self._free[b] = None
+
+    def cache(self, block: int, block_hash: BlockHash) -> None:
+        """Make a computed full block findable by its hash. When another block already holds
+        the same tokens (two requests computed them at once), the first one stays the cached
+        copy and this one is reused as an ordinary block once freed."""
+        if self.block_hash[block] is not None or block_hash in self.cached:
+            return
+        self.block_hash[block] = block_hash
+        self.cached[block_hash] = block
+
+    def lookup(self, block_hash: BlockHash) -> int | None:
+        return self.cached.get(block_hash)
+
+    def is_free(self, block: int) -> bool:
+        return self.ref_counts[block] == 0
+
+    def _uncache(self, block: int) -> None:
+        h = self.block_hash[block]
+        if h is not None:
+            del self.cached[h]
+            self.block_hash[block] = None
+            self.num_evicted += 1
+
+    def reset_cache(self) -> int:
+        """Forget every cached hash of a free block (vLLM's reset_prefix_cache); blocks in use
+        keep theirs. Returns how many were forgotten."""
+        dropped = [b for b in self._free if self.block_hash[b] is not None]
+        for b in dropped:
+            del self.cached[self.block_hash[b]]  # type: ignore[arg-type]
+            self.block_hash[b] = None
+        return len(dropped)

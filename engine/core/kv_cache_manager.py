@@ -1,22 +1,44 @@
 """Per-request block tables over a `BlockPool`: blocks are allocated as tokens arrive and
-returned the moment a request finishes, is preempted or aborted."""
+returned the moment a request finishes, is preempted or aborted; with prefix caching a new
+request starts from the longest run of cached full blocks that match its tokens.
+
+A block's hash covers its own tokens and, through its parent's hash, every token before it:
+equal hashes mean equal keys and values in every layer (the model, dtype and scales are the
+engine's, the same for every block)."""
 
 from __future__ import annotations
 
-from engine.core.block_pool import BlockPool
+import hashlib
+
+import numpy as np
+
+from engine.core.block_pool import BlockHash, BlockPool
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def hash_block(parent: BlockHash | None, tokens: list[int]) -> BlockHash:
+    """A 128-bit digest: a collision would silently serve another prompt's KV, so no 64-bit
+    Python hash (vLLM moved to sha256 for the same reason)."""
+    h = hashlib.blake2b(parent or b"", digest_size=16)
+    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    return h.digest()
+
+
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
         self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks)
         self.block_tables: dict[str, list[int]] = {}
         self.peak_blocks_used = 0
         self.peak_num_requests = 0
+        self._hashes: dict[str, list[BlockHash]] = {}  # each request's full blocks, in order
+        self._num_cached: dict[str, int] = {}  # how many of its blocks are in the cache
+        self.prefix_queries = 0  # tokens looked up (vLLM's prefix_cache_queries)
+        self.prefix_hits = 0  # of those, tokens found cached
 
     @property
     def num_blocks(self) -> int:
@@ -29,15 +51,78 @@ class KVCacheManager:
     def blocks_for(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
 
-    def allocate_slots(self, request_id: str, num_tokens: int) -> bool:
-        """Make the request's table cover `num_tokens` tokens; False (and no change) if the
-        pool is short."""
-        table = self.block_tables.get(request_id, [])
-        need = self.blocks_for(num_tokens) - len(table)
-        if need > self.pool.num_free:
+    # ---- prefix cache ------------------------------------------------------------------
+
+    def block_hashes(
+        self, request_id: str, token_ids: list[int], num_blocks: int
+    ) -> list[BlockHash]:
+        """The chained hashes of the request's first `num_blocks` full blocks (kept and
+        extended as its tokens grow)."""
+        hashes = self._hashes.setdefault(request_id, [])
+        bs = self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            hashes.append(
+                hash_block(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs])
+            )
+        return hashes[:num_blocks]
+
+    def computed_blocks(self, request_id: str, token_ids: list[int]) -> list[int]:
+        """The longest run of cached blocks matching the tokens' full blocks from the start;
+        never the whole sequence: its last token is computed again for its logits."""
+        if not self.enable_prefix_caching:
+            return []
+        hit: list[int] = []
+        for h in self.block_hashes(request_id, token_ids, (len(token_ids) - 1) // self.block_size):
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def record_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
+        """Counted once per admitted request (not per attempt that found no room)."""
+        if self.enable_prefix_caching:
+            self.prefix_queries += num_tokens
+            self.prefix_hits += num_hit_tokens
+
+    def cache_computed(self, request_id: str, token_ids: list[int], num_computed: int) -> None:
+        """Make the request's full blocks whose tokens are all computed findable."""
+        if not self.enable_prefix_caching or request_id not in self.block_tables:
+            return
+        full = num_computed // self.block_size
+        done = self._num_cached.get(request_id, 0)
+        if full <= done:
+            return
+        table = self.block_tables[request_id]
+        for i, h in enumerate(self.block_hashes(request_id, token_ids, full)[done:], start=done):
+            self.pool.cache(table[i], h)
+        self._num_cached[request_id] = full
+
+    def reset_prefix_cache(self) -> int:
+        return self.pool.reset_cache()
+
+    # ---- allocation --------------------------------------------------------------------
+
+    def allocate_slots(
+        self, request_id: str, num_tokens: int, computed: list[int] | None = None
+    ) -> bool:
+        """Make the request's table cover `num_tokens` tokens, starting a new table with the
+        cache-hit blocks `computed`; False (and no change) if the pool is short."""
+        computed = computed or []
+        table = self.block_tables.get(request_id)
+        assert not (computed and table), "cache hits start a table"
+        have = len(table) if table else len(computed)
+        need = max(0, self.blocks_for(num_tokens) - have)
+        reclaimed = sum(self.pool.is_free(b) for b in computed)  # hits now in the free queue
+        if need + reclaimed > self.pool.num_free:
             return False
-        if request_id not in self.block_tables:
-            self.block_tables[request_id] = table
+        if table is None:
+            table = self.block_tables[request_id] = []
+            if computed:
+                self.pool.touch(computed)
+                table.extend(computed)
+                self._num_cached[request_id] = len(computed)
         if need > 0:
             table.extend(self.pool.allocate(need))
         self.peak_blocks_used = max(self.peak_blocks_used, self.pool.num_used)
@@ -47,3 +132,5 @@ class KVCacheManager:
     def free(self, request_id: str) -> None:
         # Tail blocks first: they hold the least shareable tokens, so they are reused first.
         self.pool.free(reversed(self.block_tables.pop(request_id, [])))
+        self._hashes.pop(request_id, None)
+        self._num_cached.pop(request_id, None)

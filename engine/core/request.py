@@ -95,6 +95,7 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None  # the stop string or token id that matched
         self.num_computed_tokens = 0
+        self.num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
         self.metrics = RequestMetrics(arrival_time or time.monotonic())
         self.stop_token_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -166,6 +167,7 @@ class RequestOutput:
     metrics: RequestMetrics
     new_token_ids: list[int] = field(default_factory=list)  # generated in the last step
     error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (vLLM's name)
 
     @classmethod
     def of(cls, req: Request, new_token_ids: list[int]) -> RequestOutput:
@@ -182,4 +184,5 @@ class RequestOutput:
             req.metrics,
             new_token_ids,
             req.error,
+            req.num_cached_tokens or 0,
         )

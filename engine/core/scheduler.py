@@ -20,6 +20,7 @@ from engine.core.request import FinishReason, Request, RequestStatus
 class SchedulerOutput:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, new tokens)
     preempted: list[Request] = field(default_factory=list)
+    cached_tokens: int = 0  # admitted from the prefix cache this step (not computed)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -101,17 +102,31 @@ class Scheduler:
         queue = self._admission_queue()
         while queue and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = queue[0]
-            n = self._num_new_tokens(req, budget)
-            if n == 0 or not self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n):
+            if not self._admit(req, budget, out):
                 break
             queue.popleft()
-            req.status = RequestStatus.RUNNING
-            if req.metrics.first_scheduled_time is None:
-                req.metrics.first_scheduled_time = time.monotonic()
-            self.running.append(req)
-            out.scheduled.append((req, n))
-            budget -= n
+            budget -= out.scheduled[-1][1]
         return out
+
+    def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> bool:
+        """Start (or restart, after preemption) a waiting request: from its longest cached
+        prefix, then as many new tokens as the budget allows. False: no room this step."""
+        hit = self.kv.computed_blocks(req.request_id, req.token_ids)
+        req.num_computed_tokens = len(hit) * self.kv.block_size
+        n = self._num_new_tokens(req, budget)
+        if n == 0 or not self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n, hit):
+            req.num_computed_tokens = 0
+            return False
+        self.kv.record_lookup(req.num_tokens, req.num_computed_tokens)
+        if req.num_cached_tokens is None:  # the first admission's hit is what usage reports
+            req.num_cached_tokens = req.num_computed_tokens
+        out.cached_tokens += req.num_computed_tokens
+        req.status = RequestStatus.RUNNING
+        if req.metrics.first_scheduled_time is None:
+            req.metrics.first_scheduled_time = time.monotonic()
+        self.running.append(req)
+        out.scheduled.append((req, n))
+        return True
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = req.num_tokens - req.num_computed_tokens
@@ -161,6 +176,7 @@ class Scheduler:
     def advance(self, out: SchedulerOutput) -> None:
         for req, n in out.scheduled:
             req.num_computed_tokens += n
+            self.kv.cache_computed(req.request_id, req.token_ids, req.num_computed_tokens)
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         if req.status == RequestStatus.RUNNING:

@@ -277,6 +277,18 @@ async def metrics(request: web.Request) -> web.Response:
         "num_preemptions_total": ("counter", s["num_preemptions"], "preemptions (recompute)"),
         "prompt_tokens_total": ("counter", s["prompt_tokens_total"], "prompt tokens prefilled"),
         "generation_tokens_total": ("counter", s["generation_tokens_total"], "tokens generated"),
+        # vLLM v1's names: prompt tokens looked up in the prefix cache, and of those, found
+        "prefix_cache_queries_total": (
+            "counter",
+            s["prefix_cache_queries"],
+            "prompt tokens looked up in the prefix cache",
+        ),
+        "prefix_cache_hits_total": (
+            "counter",
+            s["prefix_cache_hits"],
+            "prompt tokens found in the prefix cache",
+        ),
+        "kv_blocks_cached": ("gauge", s["kv_blocks_cached"], "KV blocks findable by hash"),
         "requests_total": ("counter", state.requests_total, "requests accepted"),
         "requests_rejected_total": (
             "counter",

@@ -52,10 +52,18 @@ async def merged(
             await s.aclose()
 
 
-def usage(outputs: dict[int, RequestOutput]) -> dict[str, int]:
+def usage(outputs: dict[int, RequestOutput]) -> dict[str, Any]:
+    """OpenAI's usage, with the prompt tokens the prefix cache served (as vLLM and OpenAI
+    report them: prompt_tokens_details.cached_tokens)."""
     p = sum(len(o.prompt_token_ids) for o in outputs.values())
     c = sum(len(o.outputs[0].token_ids) for o in outputs.values())
-    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    cached = sum(o.num_cached_tokens for o in outputs.values())
+    return {
+        "prompt_tokens": p,
+        "completion_tokens": c,
+        "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 async def full_response(
