@@ -41,9 +41,9 @@ def vllm_result(
     ttft = [_ttft(r) for r in ok]
     e2el = [r.end_s - r.send_s for r in ok]  # type: ignore[operator]
     tpot = [
-        (e - t) / (r.output_tokens - 1)
+        (e - t) / (r.tokens_per_sequence - 1)
         for r, t, e in zip(ok, ttft, e2el, strict=True)
-        if r.output_tokens > 1
+        if r.tokens_per_sequence > 1
     ]
     itl = [g for r in ok for g in _itl(r)]
     duration = summary["duration_s"]
@@ -116,7 +116,7 @@ def _ttft(r: RequestRecord) -> float:
 
 
 def _itl(r: RequestRecord) -> list[float]:
-    return np.diff(r.chunk_s).tolist() if len(r.chunk_s) > 1 else []
+    return [gap for gap, _ in r.gaps()]  # within each choice's chunks when n > 1
 
 
 def _stats(name: str, values: list[float], percentiles: Sequence[float]) -> dict[str, float]:
@@ -142,7 +142,8 @@ def _goodput(ok: Sequence[RequestRecord], slo_text: str | None, duration: float)
     good = 0
     for r in ok:
         ttft, e2e = _ttft(r), r.end_s - r.send_s  # type: ignore[operator]
-        tpot = (e2e - ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+        per_seq = r.tokens_per_sequence
+        tpot = (e2e - ttft) / (per_seq - 1) if per_seq > 1 else 0.0
         good += slo.met(ttft, tpot, e2e)
     return good / max(duration, 1e-9)
 

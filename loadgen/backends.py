@@ -85,6 +85,10 @@ class OpenAIBackend:
             body["prompt"] = spec.text()
         if self.ignore_eos:
             body["ignore_eos"] = True
+        if spec.n > 1:  # vLLM's body fields: n completions, a priority (lower goes first)
+            body["n"] = spec.n
+        if spec.priority is not None:
+            body["priority"] = spec.priority
         return body | self.extra_body
 
     async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
@@ -180,8 +184,10 @@ class OpenAIBackend:
                 if text:
                     rec.chunk_s.append(now)
                     texts.append(text)
-                if choice.get("finish_reason"):
-                    rec.finish_reason = choice["finish_reason"]
+                    if rec.n > 1:  # n choices stream interleaved: ITL is per choice
+                        rec.chunk_choice.append(int(choice.get("index") or 0))
+                if choice.get("finish_reason") and rec.finish_reason not in ("abort", "error"):
+                    rec.finish_reason = choice["finish_reason"]  # one choice's abort fails it
         return False
 
     @staticmethod
@@ -343,13 +349,16 @@ class InProcessBackend:
         tokenizer = self.engine.engine.tokenizer
         if self.chat and tokenizer is not None and tokenizer.chat_template:
             prompt = tokenizer.encode_chat(spec.messages())
-        params = SamplingParams(
-            max_tokens=spec.output_len, ignore_eos=self.ignore_eos, **self.sampling
-        )
+        # n and priority go to the engine as asked: an engine that refuses them (parallel
+        # sampling or priority scheduling not there yet) fails the request with its message.
+        extra = {} if spec.priority is None else {"priority": spec.priority}
         clock = time.perf_counter
         rec.send_s = clock() - t0
         try:
-            stream = self.engine.generate(rec.request_id, prompt, params)
+            params = SamplingParams(
+                max_tokens=spec.output_len, ignore_eos=self.ignore_eos, n=spec.n, **self.sampling
+            )
+            stream = self.engine.generate(rec.request_id, prompt, params, **extra)
             async for out in stream:
                 if out.new_token_ids:
                     rec.chunk_s.append(clock() - t0)
@@ -357,8 +366,10 @@ class InProcessBackend:
                 if out.finished:
                     rec.reply = out.outputs[0].text
                     rec.prompt_tokens = len(out.prompt_token_ids)
-                    rec.output_tokens = len(out.outputs[0].token_ids)
-                    rec.finish_reason = out.outputs[0].finish_reason
+                    rec.output_tokens = sum(len(c.token_ids) for c in out.outputs)  # all n
+                    reasons = [c.finish_reason for c in out.outputs]
+                    rec.finish_reason = next((r for r in reasons if r in ("abort", "error")), None)
+                    rec.finish_reason = rec.finish_reason or reasons[0]
                     rec.error = out.error
         except asyncio.CancelledError:
             rec.status, rec.error, rec.end_s = "cancelled", "the run was stopped", clock() - t0

@@ -18,9 +18,11 @@ from loadgen.records import RequestRecord
 
 DEFINITIONS = {
     "ttft": "first chunk carrying output - send",
-    "itl": "every gap between successive output chunks, pooled over requests (vLLM)",
+    "itl": "every gap between successive output chunks of one sequence (with n > 1: of one "
+    "choice), pooled over requests (vLLM)",
     "itl_per_token": "each gap spread evenly over its chunk's tokens",
-    "tpot": "(e2e - ttft) / (output_tokens - 1) per request; the first token excluded (vLLM)",
+    "tpot": "(e2e - ttft) / (output_tokens / n - 1) per request (n: completions asked for); "
+    "the first token excluded (vLLM)",
     "e2e": "last chunk or end of stream - send",
     "queue": "wait for a free slot under a concurrency cap (not in ttft or e2e)",
     "ttft_with_queue": "ttft + queue: what a user behind the cap would see",
@@ -118,15 +120,16 @@ def summarize(
     for r in ok:
         assert r.send_s is not None and r.first_chunk_s is not None and r.end_s is not None
         t, e = r.first_chunk_s - r.send_s, r.end_s - r.send_s
-        p = (e - t) / (r.output_tokens - 1) if r.output_tokens > 1 else None
+        # per sequence: n completions decode side by side, each its own tokens
+        per_seq = r.tokens_per_sequence
+        p = (e - t) / (per_seq - 1) if per_seq > 1 else None
         ttft.append(t)
         e2e.append(e)
         queue.append(r.queue_s)
         if p is not None:
             tpot.append(p)
-        gaps = np.diff(r.chunk_s)
-        itl.extend(gaps.tolist())
-        for gap, n in zip(gaps, r.chunk_tokens[1:], strict=True):
+        for gap, n in r.gaps():
+            itl.append(gap)
             itl_tok.extend([gap / n] * n)
         good += slo.met(t + r.queue_s, p, e + r.queue_s)  # as a user behind a cap sees it
     lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]

@@ -2,7 +2,8 @@
 
 Every streamed request gets `max_tokens / tokens_per_chunk` chunks: the first `ttft` seconds
 after the request arrived, then one every `itl` seconds, each sent at an absolute time (no
-drift). With ttft = itl = 0 the whole stream goes out in one write: a server that costs as
+drift); with `n` > 1 each of those writes carries one chunk of every choice. With
+ttft = itl = 0 the whole stream goes out in one write: a server that costs as
 little as possible, for measuring the client's own capacity.
 
     python -m loadgen.mock_server --port 8100 --ttft 0.2 --itl 0.02
@@ -32,11 +33,11 @@ TIMING_KEY = web.AppKey("timing", MockTiming)
 COUNT_KEY = web.AppKey("count", list)
 
 
-def _chunk(chat: bool, text: str, finish: str | None = None) -> bytes:
+def _chunk(chat: bool, text: str, finish: str | None = None, index: int = 0) -> bytes:
     if chat:
-        choice = {"index": 0, "delta": {"content": text}, "finish_reason": finish}
+        choice = {"index": index, "delta": {"content": text}, "finish_reason": finish}
     else:
-        choice = {"index": 0, "text": text, "finish_reason": finish}
+        choice = {"index": index, "text": text, "finish_reason": finish}
     body = {"id": "mock", "object": "chunk", "model": "mock", "choices": [choice]}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
@@ -62,19 +63,27 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     prompt_tokens = len(prompt.split())  # one "token" per word: the load generator's prompts
     per_chunk = timing.tokens_per_chunk
     n_chunks = max(1, -(-max_tokens // per_chunk))
+    n = int(body.get("n") or 1)  # parallel sampling: n choices, their chunks side by side
     piece = " tok" * per_chunk
+    completion_tokens = n * n_chunks * per_chunk  # usage sums the choices, as vLLM's does
     if not body.get("stream"):
         text = piece * n_chunks
-        choice = {"index": 0, "finish_reason": "length"}
-        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n_chunks * per_chunk}
-        return web.json_response({"id": "mock", "choices": [choice], "usage": usage})
+        choices = []
+        for i in range(n):
+            choice = {"index": i, "finish_reason": "length"}
+            message = {"message": {"role": "assistant", "content": text}}
+            choices.append(choice | (message if chat else {"text": text}))
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+        return web.json_response({"id": "mock", "choices": choices, "usage": usage})
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
-    chunks = [_chunk(chat, piece, "length" if k == n_chunks - 1 else None) for k in range(n_chunks)]
+    chunks = [
+        b"".join(_chunk(chat, piece, "length" if k == n_chunks - 1 else None, i) for i in range(n))
+        for k in range(n_chunks)
+    ]
     tail = b""
     if timing.usage and (body.get("stream_options") or {}).get("include_usage"):
-        tail = _usage(prompt_tokens, n_chunks * per_chunk)
+        tail = _usage(prompt_tokens, completion_tokens)
     tail += b"data: [DONE]\n\n"
     if timing.ttft_s == 0 and timing.itl_s == 0:
         await resp.write(b"".join(chunks) + tail)

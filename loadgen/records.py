@@ -28,6 +28,7 @@ class RequestRecord:
     end_s: float | None = None
     chunk_s: list[float] = field(default_factory=list)  # every chunk that carried output
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
+    chunk_choice: list[int] = field(default_factory=list)  # n > 1: each chunk's choice index
     prompt_tokens: int | None = None
     prompt_tokens_source: str = "tokenizer"  # usage | tokenizer | engine
     output_tokens: int = 0
@@ -38,6 +39,8 @@ class RequestRecord:
     finish_reason: str | None = None
     session: int | None = None  # multi-turn: the conversation, and this request's turn (0..)
     turn: int | None = None
+    cls: str | None = None  # its traffic class, when the run mixes several
+    n: int = 1  # completions asked for: output_tokens counts them all
     reply: str = ""  # the text received: the next turn's context (not written to disk)
 
     @property
@@ -50,6 +53,27 @@ class RequestRecord:
         if self.send_s is None or math.isnan(self.scheduled_s):
             return None
         return self.send_s - self.scheduled_s - self.queue_s
+
+    def gaps(self) -> list[tuple[float, int]]:
+        """(gap, tokens of the later chunk) between successive chunks of one sequence. With
+        n > 1 the choices stream interleaved: a gap between two choices' chunks is no
+        inter-token latency, so gaps are taken within each choice's own chunks."""
+        times, tokens = self.chunk_s, self.chunk_tokens
+        if len(tokens) != len(times):  # a record made by hand, or cut before its count
+            tokens = [1] * len(times)
+        if len(self.chunk_choice) != len(times):  # one sequence (or choices not told apart)
+            return [(b - a, n) for a, b, n in zip(times, times[1:], tokens[1:], strict=False)]
+        out, last = [], {}
+        for t, n, choice in zip(times, tokens, self.chunk_choice, strict=True):
+            if choice in last:
+                out.append((t - last[choice], n))
+            last[choice] = t
+        return out
+
+    @property
+    def tokens_per_sequence(self) -> float:
+        """Output tokens of one completion (of n): what TPOT divides by."""
+        return self.output_tokens / max(self.n, 1)
 
     def to_json(self) -> str:
         d = {name: getattr(self, name) for name in _FIELDS}  # asdict deep-copies: slow

@@ -176,7 +176,8 @@ class LoadRunner:
     async def _probe(self, spec: RequestSpec) -> None:
         """One request alone, not measured: a wrong URL, model or key fails here, with the
         server's own message, instead of as every request of the run."""
-        rec = RequestRecord(-1, f"{self.run_id}-probe", spec.input_len, spec.output_len, True)
+        rid = f"{self.run_id}-probe"
+        rec = RequestRecord(-1, rid, spec.input_len, spec.output_len, True, cls=spec.cls, n=spec.n)
         self.probe_record = rec
         await self.backend.send(spec, rec, time.perf_counter())
         if not rec.ok:
@@ -285,7 +286,9 @@ class LoadRunner:
 
     def _record(self, i: int, spec: RequestSpec, warmup: bool = False) -> RequestRecord:
         rid = f"{self.run_id}-{'w' if warmup else ''}{i}"
-        rec = RequestRecord(i, rid, spec.input_len, spec.output_len, warmup=warmup)
+        rec = RequestRecord(
+            i, rid, spec.input_len, spec.output_len, warmup=warmup, cls=spec.cls, n=spec.n
+        )
         self._unfinished[rid] = rec
         return rec
 

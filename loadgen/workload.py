@@ -16,6 +16,8 @@ import numpy as np
 
 from loadgen.traces import MOONCAKE_BLOCK_TOKENS, Trace
 
+DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = "256", "128"  # when neither flag nor profile says
+
 
 @dataclass(frozen=True, slots=True)
 class RequestSpec:
@@ -23,6 +25,9 @@ class RequestSpec:
     input_len: int  # its tokens (with the conversation before it), counted by our tokenizer
     output_len: int  # max_tokens (with ignore_eos where the server supports it)
     history: tuple[tuple[str, str], ...] = ()  # (role, text) turns before it: multi-turn
+    cls: str | None = None  # its traffic class, when the run mixes several
+    n: int = 1  # completions asked for this prompt (parallel sampling)
+    priority: int | None = None  # lower is served first (vLLM's); None: not sent
 
     def messages(self) -> list[dict[str, str]]:
         turns = [*self.history, ("user", self.prompt)]
