@@ -265,6 +265,15 @@ def run(
     think_time: Annotated[
         float | None, Opt(help="multi-turn: seconds between a reply and the next turn")
     ] = None,
+    traffic_class: Annotated[
+        list[str] | None,
+        Opt(
+            "--class",
+            help="a traffic class, repeatable: NAME:key=value,... with the keys of a [[class]] "
+            "table (arrival, rate, burstiness, num_requests, input_len, output_len, "
+            "shared_prefix_len, num_prefix_groups, n, priority, slo); unset keys are the run's",
+        ),
+    ] = None,
     temperature: Annotated[
         float | None, Opt(help="sampling temperature (default 0: greedy)")
     ] = None,
@@ -315,8 +324,13 @@ def run(
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""
-    flags = {k: v for k, v in locals().items() if k not in ("profile", "no_dashboard", "header")}
+    flags = {
+        k: v
+        for k, v in locals().items()
+        if k not in ("profile", "no_dashboard", "header", "traffic_class")
+    }
     flags["headers"] = header or None
+    flags["classes"] = traffic_class or None
     from bench_cli.run_command import execute
 
     raise typer.Exit(execute(profile, flags, dashboard=not no_dashboard, console=console))

@@ -24,35 +24,45 @@ from loadgen.records import RequestRecord, read_records
 Figure = go.Figure
 
 
-def _cdf(fig: Figure, values: list[float], name: str, row: int, col: int) -> None:
+def _cdf(fig: Figure, values: list[float], name: str, row: int, col: int, **line: Any) -> None:
     if not values:
         return
     x = np.sort(np.asarray(values) * 1e3)
     y = np.arange(1, len(x) + 1) / len(x)
-    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name), row=row, col=col)
-    fig.update_xaxes(title_text=f"{name} (ms)", row=row, col=col)
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, **line), row=row, col=col)
+
+
+def _latencies(ok: list[RequestRecord]) -> dict[str, list[float]]:
+    """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests."""
+    return {
+        "TTFT": [r.first_chunk_s - r.send_s for r in ok],  # type: ignore[operator]
+        "ITL": [gap for r in ok for gap, _ in r.gaps()],
+        "TPOT": [
+            (r.end_s - r.first_chunk_s) / (r.tokens_per_sequence - 1)  # type: ignore[operator]
+            for r in ok
+            if r.tokens_per_sequence > 1
+        ],
+        "E2E": [r.end_s - r.send_s for r in ok],  # type: ignore[operator]
+    }
 
 
 def latency_figure(records: list[RequestRecord]) -> Figure:
+    """One CDF per latency; with traffic classes, one line per class in each (a legend)."""
     ok = [r for r in records if r.ok and not r.warmup]
     fig = make_subplots(rows=2, cols=2, subplot_titles=("TTFT", "ITL", "TPOT", "E2E latency"))
-    ttft = [r.first_chunk_s - r.send_s for r in ok]  # type: ignore[operator]
-    itl = [g for r in ok for g in np.diff(r.chunk_s)]
-    tpot = [
-        (r.end_s - r.first_chunk_s) / (r.output_tokens - 1)  # type: ignore[operator]
-        for r in ok
-        if r.output_tokens > 1
-    ]
-    e2e = [r.end_s - r.send_s for r in ok]  # type: ignore[operator]
-    for (row, col), name, values in (
-        ((1, 1), "TTFT", ttft),
-        ((1, 2), "ITL", itl),
-        ((2, 1), "TPOT", tpot),
-        ((2, 2), "E2E", e2e),
-    ):
-        _cdf(fig, values, name, row, col)
+    classes = list(dict.fromkeys(r.cls for r in ok if r.cls is not None))
+    groups = {c: [r for r in ok if r.cls == c] for c in classes} if classes else {"": ok}
+    colours = setting_colours(groups)
+    places = {"TTFT": (1, 1), "ITL": (1, 2), "TPOT": (2, 1), "E2E": (2, 2)}
+    for group, members in groups.items():
+        for j, (name, values) in enumerate(_latencies(members).items()):
+            row, col = places[name]
+            line = {"line": {"color": colours[group]}, "legendgroup": group}
+            _cdf(fig, values, group or name, row, col, showlegend=bool(classes) and j == 0, **line)
+            fig.update_xaxes(title_text=f"{name} (ms)", row=row, col=col)
     fig.update_yaxes(title_text="fraction of requests (ITL: of gaps)", range=[0, 1])
-    fig.update_layout(title="Latency distributions (CDF)", showlegend=False, height=650)
+    title = "Latency distributions (CDF)" + (", by traffic class" if classes else "")
+    fig.update_layout(title=title, showlegend=bool(classes), height=650)
     return fig
 
 
@@ -386,12 +396,34 @@ def _latency_table(summary: dict[str, Any]) -> str:
     return pd.DataFrame(rows).to_html(index=False) if rows else ""
 
 
+def _class_table(summary: dict[str, Any]) -> str:
+    """A row per traffic class: its counts, throughput, goodput and latency p50/p99 in ms."""
+    rows = []
+    for name, c in (summary.get("classes") or {}).items():
+        row = {"class": name, "completed": c["completed"], "failed": c["failed"]}
+        row |= {"req/s": c["request_throughput"], "output tok/s": c["output_throughput"]}
+        row["goodput (req/s)"] = c.get("goodput")
+        for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+            label = DISTRIBUTIONS[key].split()[0]
+            row |= {f"{label} {s} (ms)": _ms(c[key].get(s)) for s in ("p50", "p99")}
+        rows.append(row)
+    if not rows:
+        return ""
+    return "<h3>By traffic class</h3>" + pd.DataFrame(rows).to_html(
+        index=False, float_format=_number, na_rep="-"
+    )
+
+
 def describe_run(summary: dict[str, Any], name: str) -> str:
     """What ran, in words: "poisson 4 req/s · 100 requests after 2 warm-up · ...", read from
     the config the run wrote."""
     cfg = summary.get("config", {})
     run, target, engine = cfg.get("run", {}), cfg.get("target", {}), cfg.get("engine") or {}
-    if run.get("arrival") == "trace":
+    if run.get("classes"):
+        load = "; ".join(
+            f"{c['name']} {c['arrival']} {float(c['rate']):g} req/s" for c in run["classes"]
+        )
+    elif run.get("arrival") == "trace":
         load = f"trace {Path(run.get('trace') or '').name} x{run.get('time_scale', 1):g}"
     elif run.get("rate") is None and run.get("concurrency"):
         load = f"closed loop, concurrency {run['concurrency']}"
@@ -428,7 +460,7 @@ def run_report(run: Path, embed: bool = True) -> Path:
         figs.append(steps_figure(pd.read_json(steps_file, lines=True), summary.get("clock_t0", 0)))
     head = {label: summary.get(key) for key, label in RUN_HEADLINE}
     table = pd.DataFrame([head]).to_html(index=False, float_format=_number, na_rep="-")
-    table += _latency_table(summary)
+    table += _latency_table(summary) + _class_table(summary)
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in summary.get("warnings", []))
     intro = html.escape(describe_run(summary, run.name))
     out = run / "report.html"

@@ -175,6 +175,9 @@ def _cached_tokenizer(name: str) -> Any:
 
 
 def _load_text(cfg: RunConfig) -> str:
+    if cfg.classes:
+        text = "; ".join(c.describe() for c in cfg.classes)
+        return text + (f", cap {cfg.concurrency}" if cfg.concurrency else "")
     if cfg.arrival == "trace":
         return f"trace {Path(cfg.trace or '').name} x{cfg.time_scale:g}"
     per_s = "conversations/s" if cfg.turns is not None else "req/s"  # what the arrivals are
@@ -200,6 +203,8 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
 
     title = f"{cfg.name}: {_load_text(cfg)}"
     rate = cfg.rate if cfg.rate and cfg.arrival != "trace" else None
+    if cfg.classes:  # the mix's rate: the classes' together
+        rate = sum(c.rate or 0.0 for c in cfg.classes)
 
     def start(runner: Any, telemetry: Any) -> asyncio.Task:
         return asyncio.create_task(Dashboard(runner, telemetry, title, rate, console).run())

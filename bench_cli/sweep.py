@@ -52,6 +52,8 @@ SCALARS = (
     "failed",
     "duration_s",
 )
+CLASS_DISTRIBUTIONS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
+CLASS_SCALARS = ("request_throughput", "output_throughput", "goodput", "completed", "failed")
 # Student's t at 97.5 % for 1..30 degrees of freedom: 95 % two-sided confidence intervals.
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 T975 += (2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064)
@@ -71,6 +73,17 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
     for key, value in (summary.get("telemetry") or {}).items():  # peak RSS, KV blocks, ...
         if isinstance(value, int | float) and key != "samples":
             out[f"telemetry.{key}"] = value
+    out["slo_attainment"] = slo_attainment(summary)
+    for name, c in (summary.get("classes") or {}).items():  # a mix: each class's headline
+        out |= {f"class.{name}.{k}": v for k, v in class_metrics(c).items()}
+    return out
+
+
+def class_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
+    """What sweep.csv keeps of one traffic class: its latency p50/p99, throughputs, goodput
+    by its own SLO and attainment (class.NAME.ttft_s.p99, ...)."""
+    out = {f"{d}.{s}": summary[d][s] for d in CLASS_DISTRIBUTIONS for s in ("p50", "p99")}
+    out |= {k: summary[k] for k in CLASS_SCALARS}
     out["slo_attainment"] = slo_attainment(summary)
     return out
 

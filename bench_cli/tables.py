@@ -32,6 +32,7 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
         ]
     if summary.get("goodput") is not None:
         slo = ", ".join(f"{k} <= {v:g} s" for k, v in summary["slo"].items())
+        slo = "each class's SLO" if summary.get("classes") else slo
         rows.append((f"Goodput (req/s; {slo})", f"{summary['goodput']:.2f}"))
     check = summary.get("arrival_check") or {}
     if check.get("achieved_rate"):
@@ -60,7 +61,32 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
     tables = [head, lat]
     if summary.get("multi_turn"):
         tables.append(turn_table(summary["multi_turn"]))
+    if summary.get("classes"):
+        tables.append(class_table(summary["classes"]))
     return tables
+
+
+CLASS_LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s"))
+
+
+def class_table(classes: dict[str, Any]) -> Table:
+    """Each traffic class on its own: a mix is judged class by class (the batch class's
+    long prompts can hide behind the interactive class's quick ones in the pooled figures)."""
+    table = Table(title="Per class (latency in ms)", title_justify="left")
+    columns = ["class", "ok", "failed", "req/s", "out tok/s"]
+    columns += [f"{label} {s}" for label, _ in CLASS_LATENCIES for s in ("p50", "p99")]
+    for col in [*columns, "goodput (req/s; SLO)"]:
+        table.add_column(col, justify="left" if col == "class" else "right", no_wrap=True)
+    for name, c in classes.items():
+        cells = [escape(name), str(c["completed"]), str(c["failed"])]
+        cells += [f"{c['request_throughput']:.2f}", f"{c['output_throughput']:.1f}"]
+        for _, key in CLASS_LATENCIES:
+            d = c[key]
+            cells += [_ms(d[s]) if d.get("count") else "-" for s in ("p50", "p99")]
+        slo = ", ".join(f"{k} <= {v:g} s" for k, v in c["slo"].items())
+        cells.append(f"{c['goodput']:.2f} ({slo})" if c.get("goodput") is not None else "-")
+        table.add_row(*cells)
+    return table
 
 
 def turn_table(multi: dict[str, Any]) -> Table:

@@ -21,13 +21,16 @@ from typing import Any
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
-from loadgen.metrics import SLO, arrival_check, summarize
+from loadgen.metrics import SLO, arrival_check, summarize, summarize_classes
+from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter
 from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
 from loadgen.telemetry import Telemetry
 from loadgen.traces import read_trace
 from loadgen.workload import (
+    DEFAULT_INPUT_LEN,
+    DEFAULT_OUTPUT_LEN,
     PromptBuilder,
     RequestSpec,
     ShareGPT,
@@ -37,8 +40,6 @@ from loadgen.workload import (
     sharegpt,
     synthetic,
 )
-
-DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN = "256", "128"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,7 @@ class BuiltPlan:
     arrivals: Arrivals | None  # None: closed loop
     info: dict[str, Any]  # what was read (trace rows skipped, dataset size), for config.json
     notes: list[str] = field(default_factory=list)  # what to tell the user before the run
+    class_arrivals: dict[str, Arrivals] = field(default_factory=dict)  # traffic classes
 
 
 def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
@@ -85,6 +87,8 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
     notes: list[str] = []
     data: ShareGPT | None = None
     warmup_seed = cfg.seed + 1_000_003  # warm-up prompts never repeat measured ones
+    if cfg.classes:
+        return _class_plan(cfg, builder, warmup_seed)
     if cfg.arrival == "trace":
         assert cfg.trace is not None
         trace = read_trace(cfg.trace, cfg.trace_format, cfg.trace_model)
@@ -161,6 +165,20 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe, total_requests=total
     )
     return BuiltPlan(plan, arrivals, info, notes)
+
+
+def _class_plan(cfg: RunConfig, builder: PromptBuilder, warmup_seed: int) -> BuiltPlan:
+    """Each class's own schedule and prompts, merged by time into one open-loop plan; the
+    arrival check is made class by class (the merged gaps follow no one process)."""
+    schedules = [class_schedule(c, cfg.seed, cfg.duration, builder) for c in cfg.classes]
+    offsets, specs = merge(schedules)
+    warm = warmup_requests(cfg.classes, warmup_seed, builder)
+    warmup = list(itertools.islice(warm, cfg.warmup))
+    probe = probe_of(warmup[0] if warmup else next(warm))  # the first class's (unmeasured)
+    plan = LoadPlan(iter(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe)
+    info = {"classes": {s.cls.name: {"scheduled": len(s.offsets)} for s in schedules}}
+    arrivals = {s.cls.name: s.arrivals for s in schedules}
+    return BuiltPlan(plan, None, info, class_arrivals=arrivals)
 
 
 def _requests_in(items: list[RequestSpec | Session]) -> int:
@@ -267,7 +285,13 @@ async def run_benchmark(
         built.arrivals,
         SLO.parse(cfg.slo),
         cfg.max_p99_lag_ms / 1e3,
+        {c.name: SLO.parse(c.slo) for c in cfg.classes},
     )
+    if cfg.classes:
+        slos = {c.name: SLO.parse(c.slo) for c in cfg.classes}
+        summary["classes"] = summarize_classes(
+            outcome.records, outcome.elapsed_s, built.class_arrivals, slos, cfg.max_p99_lag_ms / 1e3
+        )
     summary["interrupted"] = outcome.interrupted
     summary["stop_signal"] = runner.stop_signal
     summary["stopped_early"] = outcome.stopped_early

@@ -14,6 +14,7 @@ from typing import Any
 from loadgen.arrivals import ARRIVALS, Ramp
 from loadgen.metrics import SLO
 from loadgen.traces import TRACE_FORMATS
+from loadgen.traffic import TrafficClass, parse_class_flag, resolve_classes
 from loadgen.workload import LengthDist
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -68,6 +69,9 @@ class RunConfig:
     ignore_eos: bool = True
     turns: str | None = None  # multi-turn: turns per conversation (a length spec: 4, uniform:2:6)
     think_time: float = 0.0  # multi-turn: seconds between a reply and the next turn
+    # traffic classes: several request kinds in one run, each with its own arrivals and
+    # lengths, measured apart; the run's own keys are what a class does not set
+    classes: list[TrafficClass] = field(default_factory=list)
     # what every request carries besides its prompt (vLLM's bench flags)
     temperature: float = 0.0
     top_p: float | None = None  # None: not sent (the server's default)
@@ -85,7 +89,8 @@ class RunConfig:
     @property
     def closed_loop(self) -> bool:
         return (
-            self.arrival != "trace"
+            not self.classes
+            and self.arrival != "trace"
             and self.rate is None
             and self.ramp_up_strategy is None
             and self.concurrency is not None
@@ -105,6 +110,8 @@ class RunConfig:
     def validate(self) -> None:
         if self.endpoint not in ("completions", "chat"):
             raise ValueError(f"endpoint {self.endpoint!r}: expected completions or chat")
+        if self.classes:
+            self._validate_classes()
         if self.arrival not in ARRIVALS:
             raise ValueError(f"arrival {self.arrival!r}: expected one of {', '.join(ARRIVALS)}")
         if self.arrival == "trace":
@@ -125,7 +132,7 @@ class RunConfig:
             self.ramp()
         elif self.ramp_up_start_rps is not None or self.ramp_up_end_rps is not None:
             raise ValueError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy")
-        elif self.rate is None and self.concurrency is None:
+        elif self.rate is None and self.concurrency is None and not self.classes:
             raise ValueError(
                 f"{self.arrival} arrivals need --rate R (or --concurrency C alone: a closed loop)"
             )
@@ -143,7 +150,12 @@ class RunConfig:
             raise ValueError("--think-time is the pause between turns: it needs --turns")
         if self.burstiness is not None and self.arrival != "gamma":
             raise ValueError(f"--burstiness shapes gamma arrivals; {self.arrival} has none")
-        if self.num_requests is None and self.duration is None and self.arrival != "trace":
+        if (
+            self.num_requests is None
+            and self.duration is None
+            and self.arrival != "trace"
+            and not self.classes
+        ):
             raise ValueError("give --num-requests N and/or --duration S")
         for key in ("num_requests", "warmup", "concurrency"):
             value = getattr(self, key)
@@ -176,6 +188,24 @@ class RunConfig:
             value = getattr(self, key)
             if value is not None:
                 LengthDist.parse(value)
+
+    def _validate_classes(self) -> None:
+        """What a mix of classes cannot do: each class is an open-loop process of its own,
+        merged by time with the others; a trace, a dataset, conversations or a ramp give one
+        schedule for the whole run."""
+        if self.rate is None and self.concurrency is not None:
+            raise ValueError(
+                "traffic classes are open-loop (each its own rate): a closed loop cannot mix "
+                "them; give the classes rates (--concurrency with a rate caps them all)"
+            )
+        for key, flag in (
+            ("trace", "--trace"),
+            ("dataset", "--dataset"),
+            ("turns", "--turns"),
+            ("ramp_up_strategy", "--ramp-up-strategy"),
+        ):
+            if getattr(self, key) is not None:
+                raise ValueError(f"{flag} cannot go with traffic classes (--class / [[class]])")
 
     def sampling(self) -> dict[str, Any]:
         """The sampling fields of each request body, as the OpenAI API (and vLLM) names them."""
@@ -212,7 +242,12 @@ def build_config(
     """Defaults < profile < flags given (None: not given), less the profile keys a flag
     makes moot (DROPPED_BY). Engine settings (any key that is an engine argument) go to
     `engine`; an unknown key is an error naming it."""
-    names = {f.name for f in dataclasses.fields(RunConfig)} - {"engine"}
+    names = {f.name for f in dataclasses.fields(RunConfig)} - {"engine", "classes"}
+    profile, flags = dict(profile), dict(flags)
+    class_tables = profile.pop("class", None)
+    if flags.get("classes") is not None:  # --class replaces the profile's classes
+        class_tables = [parse_class_flag(text) for text in flags["classes"]]
+    flags.pop("classes", None)
     given = {k for k, v in flags.items() if v is not None}
     profile = {k: v for k, v in profile.items() if given.isdisjoint(DROPPED_BY.get(k, ()))}
     if "trace" in given and "arrival" not in given:
@@ -232,6 +267,9 @@ def build_config(
                 cfg.engine[key] = value
     if "burstiness" not in given and cfg.arrival != "gamma":
         cfg.burstiness = None  # a gamma profile's shape, moot once --arrival changes it
+    if class_tables is not None:
+        cfg._validate_classes()  # before the classes inherit a trace or a closed loop
+        cfg.classes = resolve_classes(class_tables, dataclasses.asdict(cfg))
     cfg.validate()
     return cfg
 

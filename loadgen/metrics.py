@@ -7,7 +7,7 @@ calls vLLM's TPOT "ITL"), so every summary stores the definitions it used."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,10 +110,13 @@ def summarize(
     arrivals: Arrivals | None = None,
     slo: SLO | None = None,
     max_p99_lag_s: float = DEFAULT_MAX_P99_LAG_S,
+    class_slos: Mapping[str, SLO] | None = None,
 ) -> dict[str, Any]:
     """The summary of the measured (non-warm-up) records. `arrivals` is the open-loop process
-    the schedule came from (None for a closed loop)."""
+    the schedule came from (None for a closed loop); a request of a traffic class is judged
+    by its class's SLO (`class_slos`), others by `slo`."""
     slo = slo or SLO()
+    class_slos = class_slos or {}
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     ttft, tpot, e2e, itl, itl_tok, queue, good = [], [], [], [], [], [], 0
@@ -131,7 +134,8 @@ def summarize(
         for gap, n in r.gaps():
             itl.append(gap)
             itl_tok.extend([gap / n] * n)
-        good += slo.met(t + r.queue_s, p, e + r.queue_s)  # as a user behind a cap sees it
+        judge = class_slos.get(r.cls or "", slo)
+        good += judge.met(t + r.queue_s, p, e + r.queue_s)  # as a user behind a cap sees it
     lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
@@ -151,7 +155,7 @@ def summarize(
         "total_token_throughput": (in_tokens + out_tokens) / duration,
         "peak_output_throughput": peak_output_throughput(ok),
         "peak_concurrent_requests": peak_concurrency(ok),
-        "goodput": good / duration if slo.as_dict() else None,
+        "goodput": good / duration if _any_slo(slo, class_slos) else None,
         "slo": slo.as_dict(),
         "completed": len(ok),
         "failed": statuses["error"],
@@ -196,6 +200,29 @@ def summarize(
         summary["arrival_check"] = arrival_check(measured, arrivals)
     summary["warnings"] = warnings
     return summary
+
+
+def _any_slo(slo: SLO, class_slos: Mapping[str, SLO]) -> bool:
+    return bool(slo.as_dict()) or any(s.as_dict() for s in class_slos.values())
+
+
+def summarize_classes(
+    records: Sequence[RequestRecord],
+    duration_s: float,
+    arrivals: Mapping[str, Arrivals],
+    slos: Mapping[str, SLO],
+    max_p99_lag_s: float = DEFAULT_MAX_P99_LAG_S,
+) -> dict[str, dict[str, Any]]:
+    """The summary of each traffic class (in `slos`' order) on its own records: the same
+    fields as the run's, throughputs over the run's duration, goodput by the class's SLO and
+    the arrival check against the class's own process."""
+    out = {}
+    for name, slo in slos.items():
+        mine = [r for r in records if r.cls == name]
+        summary = summarize(mine, duration_s, arrivals.get(name), slo, max_p99_lag_s)
+        summary.pop("definitions")  # the run's summary holds them once
+        out[name] = summary
+    return out
 
 
 def peak_output_throughput(ok: Sequence[RequestRecord]) -> float:
