@@ -58,7 +58,10 @@ class SchedulerConfig:
     )
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # >0 (chunked prefill only): cap on one prefill chunk
-    policy: Literal["fcfs"] = "fcfs"
+    # fcfs: arrival order (a request's priority is accepted and not used, as SGLang without
+    # priority scheduling; vLLM refuses it). priority: (priority, arrival) order, lower first;
+    # a waiting request may preempt a running one of lower priority (vLLM's policy names).
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
 
 @dataclass(slots=True)
@@ -93,6 +96,10 @@ class EngineConfig:
 
     def validate(self) -> None:
         s, c = self.scheduler, self.cache
+        if s.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(
+                f"scheduling_policy must be 'fcfs' or 'priority', got {s.scheduling_policy!r}"
+            )
         if s.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be 'continuous' or 'static', got {s.batching!r}")
         if self.dtype not in ("auto", "bfloat16", "float32"):

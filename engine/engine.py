@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -23,6 +24,7 @@ from engine.ops.fp8 import FP8
 from engine.runner import ModelRunner
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
+CHILD_SEP = "\x1f"  # parent id + this + index: a child's id (no client writes it)
 
 
 class ModelKey(NamedTuple):
@@ -135,9 +137,18 @@ class LLMEngine:
         self.eos_token_ids = loaded.config.eos_token_ids or (
             loaded.tokenizer.eos_token_ids if loaded.tokenizer else ()
         )
-        self.requests: dict[str, Request] = {}
+        self.requests: dict[str, Request] = {}  # by the engine's own (child) ids
+        # Parallel sampling: a parent id's n children, and those held back until the first
+        # child has computed (and cached) the prompt's full blocks, which they then share.
+        self._children: dict[str, list[Request]] = {}
+        self._held: dict[str, list[Request]] = {}
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
-        self._counters = {"steps": 0, "prompt_tokens": 0, "generation_tokens": 0}
+        self._counters = {
+            "steps": 0,
+            "prompt_tokens": 0,
+            "prompt_tokens_computed": 0,  # not served by the prefix cache or a sibling
+            "generation_tokens": 0,
+        }
         self._last_step = {"num_tokens": 0, "num_seqs": 0, "time_s": 0.0}
         self._step_log: TextIO | None = None
         self._step_outputs: list[RequestOutput] = []
@@ -156,10 +167,11 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> Request:
-        if request_id in self.requests:
+        if self._in_use(request_id):
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = self.make_request(request_id, prompt, params, arrival_time)
+        req = self.make_request(request_id, prompt, params, arrival_time, priority)
         self.add(req)
         return req
 
@@ -169,6 +181,7 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> Request:
         """Tokenize and validate without touching engine state: safe from another thread
         while a step runs (the async engine validates on the event loop)."""
@@ -186,24 +199,103 @@ class LLMEngine:
         if any(not isinstance(i, int) or not 0 <= i < vocab for i in ids):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         self.scheduler.check_fits(len(ids), params.max_tokens)
-        return Request(request_id, ids, params, text, arrival_time, self.eos_token_ids)
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be an integer, got {priority!r}")
+        return Request(request_id, ids, params, text, arrival_time, self.eos_token_ids, priority)
+
+    def _in_use(self, request_id: str) -> bool:
+        return request_id in self.requests or request_id in self._children
 
     def add(self, req: Request) -> None:
-        """Queue a request built by `make_request`."""
-        if req.request_id in self.requests:
+        """Queue a request built by `make_request`; with n > 1, as n children."""
+        if self._in_use(req.request_id):
             raise ValueError(f"request id {req.request_id!r} is already in use")
-        self.requests[req.request_id] = req
-        if self.tokenizer is not None:
-            detok = IncrementalDetokenizer(self.tokenizer, req.prompt_token_ids)
-            self._detokenizers[req.request_id] = detok
-        self.scheduler.add(req)
+        children = self._fan_out(req)
+        for child in children:
+            self.requests[child.request_id] = child
+            if self.tokenizer is not None:
+                detok = IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids)
+                self._detokenizers[child.request_id] = detok
+        if len(children) == 1:
+            self.scheduler.add(req)
+            return
+        self._children[req.parent_id] = children
+        # Hold the siblings back until the first child's prompt blocks are cached: they then
+        # start from them and compute only the prompt's partial last block (copy by
+        # recompute). Without the cache (or in static batches) all start at once.
+        bs = self.config.cache.block_size
+        share = (
+            self.config.cache.enable_prefix_caching
+            and self.config.scheduler.batching == "continuous"
+            and (req.num_prompt_tokens - 1) // bs > 0
+        )
+        self.scheduler.add(children[0])
+        if share:
+            self._held[req.parent_id] = children[1:]
+        else:
+            for child in children[1:]:
+                self.scheduler.add(child)
+
+    def _fan_out(self, req: Request) -> list[Request]:
+        """A request of n > 1 becomes n children with their own ids and indices; a seed
+        gives child i the seed + i (each its own stream of random numbers, as vLLM does)."""
+        n = req.params.n
+        if n == 1:
+            return [req]
+        children = []
+        for i in range(n):
+            params = dataclasses.replace(req.params, n=1)
+            if params.seed is not None:
+                params.seed = req.params.seed + i
+            child = Request(
+                f"{req.request_id}{CHILD_SEP}{i}",
+                req.prompt_token_ids,
+                params,
+                req.prompt,
+                req.metrics.arrival_time,
+                self.eos_token_ids,
+                req.priority,
+            )
+            child.parent_id, child.index = req.request_id, i
+            children.append(child)
+        return children
+
+    def _release_held(self) -> None:
+        """Siblings whose first child has computed the shared prompt blocks (or ended) join
+        the queue ahead of later arrivals: they arrived with it."""
+        bs = self.config.cache.block_size
+        for parent, held in list(self._held.items()):
+            first = self._children[parent][0]
+            if first.is_finished or first.num_computed_tokens >= (
+                (first.num_prompt_tokens - 1) // bs * bs
+            ):
+                for child in reversed(held):
+                    if not child.is_finished:
+                        self.scheduler.add(child, front=True)
+                del self._held[parent]
+
+    def _group(self, req: Request) -> list[Request]:
+        return self._children.get(req.parent_id, [req])
+
+    def _output(self, req: Request, new_token_ids: list[int]) -> RequestOutput:
+        """A completion's output; finished once every completion of its request is."""
+        done = all(c.is_finished for c in self._group(req))
+        return RequestOutput.of(req, new_token_ids, finished=done)
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
-        req = self.requests.get(request_id)
-        if req is None or req.is_finished:
+        """Abort a request (every completion of it); its final output."""
+        group = self._children.get(request_id)
+        if group is None:
+            req = self.requests.get(request_id)
+            if req is None or req.is_finished or req.parent_id != req.request_id:
+                return None
+            group = [req]
+        if all(c.is_finished for c in group):
             return None
-        self._finish(req, FinishReason.ABORT)
-        return RequestOutput.of(req, [])
+        for child in group:
+            if not child.is_finished:
+                self._finish(child, FinishReason.ABORT)
+        return merge_outputs([RequestOutput.of(c, [], finished=True) for c in group])
 
     def fail_running(self, error: str) -> list[RequestOutput]:
         """After a step raised: the requests it had already finished get their final outputs
@@ -214,11 +306,11 @@ class LLMEngine:
         for req in list(self.scheduler.running):
             req.error = error
             self._finish(req, FinishReason.ERROR, flush=False)
-            outputs.append(RequestOutput.of(req, []))
+            outputs.append(self._output(req, []))
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._held)
 
     # ---- one iteration -----------------------------------------------------------------
 
@@ -237,6 +329,10 @@ class LLMEngine:
         t0 = time.perf_counter()
         if self._step_log is not None:  # before advance(): what each request is doing now
             decode = sum(n for r, n in out.scheduled if r.num_computed_tokens == r.num_tokens - 1)
+        self._counters["prompt_tokens_computed"] += sum(
+            max(0, min(r.num_prompt_tokens, r.num_computed_tokens + n) - r.num_computed_tokens)
+            for r, n in out.scheduled
+        )
         sampled = self.runner.execute(out, self.kv.block_tables)
         self.scheduler.advance(out)
         now = time.monotonic()
@@ -248,7 +344,9 @@ class LLMEngine:
                 req.metrics.first_token_time = now
                 self._counters["prompt_tokens"] += req.num_prompt_tokens
             self._process_token(req, token)
-            outputs.append(RequestOutput.of(req, [token]))
+            outputs.append(self._output(req, [token]))
+        if self._held:
+            self._release_held()
         self._counters["steps"] += 1
         self._counters["generation_tokens"] += len(sampled)
         self._last_step = {
@@ -300,6 +398,10 @@ class LLMEngine:
         if detok is not None and flush:
             req.output_text += detok.step(req.token_ids, final=True)
         del self.requests[req.request_id]
+        group = self._children.get(req.parent_id)
+        if group is not None and all(c.is_finished for c in group):
+            del self._children[req.parent_id]
+            self._held.pop(req.parent_id, None)
 
     @torch.inference_mode()
     def prompt_logits(self, token_ids: list[int], chunk_size: int | None = None) -> torch.Tensor:
@@ -347,6 +449,11 @@ class LLMEngine:
             "prefix_cache_hits": self.kv.prefix_hits,
             "prefix_cache_hit_rate": self._hit_rate(),
             "kv_blocks_cached": len(self.kv.pool.cached),
+            # Block copies that sharing saves now and at most (siblings, cache hits): those
+            # held + these = what requests not sharing would hold.
+            "kv_blocks_shared": self.kv.pool.num_shared_refs,
+            "kv_peak_blocks_shared": self.kv.peak_blocks_shared,
+            "prompt_tokens_computed": self._counters["prompt_tokens_computed"],
             "last_step_num_tokens": self._last_step["num_tokens"],
             "last_step_num_seqs": self._last_step["num_seqs"],
             "last_step_time_s": self._last_step["time_s"],
@@ -378,29 +485,51 @@ class LLM:
         self,
         prompts: str | list[str] | list[list[int]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        priority: list[int] | None = None,
     ) -> list[RequestOutput]:
+        """One output per prompt (with n > 1, its n completions in `outputs`); `priority`:
+        one per prompt, lower first (used under scheduling_policy="priority")."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         if not isinstance(sampling_params, list):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
+        priority = priority if priority is not None else [0] * len(prompts)
+        if len(priority) != len(prompts):
+            raise ValueError("give one priority per prompt")
         engine = self.llm_engine
         # Every prompt is validated before any is queued: one bad prompt leaves nothing behind.
         requests = [
-            engine.make_request(f"gen-{next(self._ids)}", prompt, params)
-            for prompt, params in zip(prompts, sampling_params, strict=True)
+            engine.make_request(f"gen-{next(self._ids)}", prompt, params, priority=p)
+            for prompt, params, p in zip(prompts, sampling_params, priority, strict=True)
         ]
         for req in requests:
             engine.add(req)
         ids = [req.request_id for req in requests]
+        latest: dict[str, dict[int, RequestOutput]] = {i: {} for i in ids}
         finished: dict[str, RequestOutput] = {}
         try:
             while engine.has_unfinished_requests():
                 for out in engine.step():
+                    latest[out.request_id][out.outputs[0].index] = out
                     if out.finished:
-                        finished[out.request_id] = out
+                        finished[out.request_id] = merge_outputs(
+                            list(latest[out.request_id].values())
+                        )
         finally:  # interrupted (Ctrl-C, a failed step): the next call must not compute these
             for i in ids:
                 engine.abort_request(i)
         return [finished[i] for i in ids]
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """One request's completions (each child's latest output) as one output, by index."""
+    last = outputs[-1]
+    completions = sorted((o.outputs[0] for o in outputs), key=lambda c: c.index)
+    return dataclasses.replace(
+        last,
+        outputs=completions,
+        finished=all(c.finish_reason is not None for c in completions),
+        num_cached_tokens=max(o.num_cached_tokens for o in outputs),
+    )

@@ -359,15 +359,21 @@ class InProcessBackend:
                 max_tokens=spec.output_len, ignore_eos=self.ignore_eos, n=spec.n, **self.sampling
             )
             stream = self.engine.generate(rec.request_id, prompt, params, **extra)
+            latest: dict[int, Any] = {}  # each completion's latest state, by its index
             async for out in stream:
-                if out.new_token_ids:
-                    rec.chunk_s.append(clock() - t0)
-                    rec.chunk_tokens.append(len(out.new_token_ids))
+                for c in out.outputs:  # one completion an output (n > 1: any of them)
+                    latest[c.index] = c
+                    if out.new_token_ids:
+                        rec.chunk_s.append(clock() - t0)
+                        rec.chunk_tokens.append(len(out.new_token_ids))
+                        if spec.n > 1:
+                            rec.chunk_choice.append(c.index)
                 if out.finished:
-                    rec.reply = out.outputs[0].text
+                    done = [latest[i] for i in sorted(latest)]
+                    rec.reply = done[0].text
                     rec.prompt_tokens = len(out.prompt_token_ids)
-                    rec.output_tokens = sum(len(c.token_ids) for c in out.outputs)  # all n
-                    reasons = [c.finish_reason for c in out.outputs]
+                    rec.output_tokens = sum(len(c.token_ids) for c in done)  # all n
+                    reasons = [c.finish_reason for c in done]
                     rec.finish_reason = next((r for r in reasons if r in ("abort", "error")), None)
                     rec.finish_reason = rec.finish_reason or reasons[0]
                     rec.error = out.error

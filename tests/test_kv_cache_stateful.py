@@ -54,6 +54,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         batching=st.sampled_from(["continuous", "static"]),
         max_model_len=st.integers(8, 256),
         prefix_caching=st.booleans(),
+        policy=st.sampled_from(["fcfs", "priority"]),
     )
     def configure(
         self,
@@ -66,6 +67,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         batching: str,
         max_model_len: int,
         prefix_caching: bool,
+        policy: str,
     ) -> None:
         self.config = SchedulerConfig(
             batching=batching,  # type: ignore[arg-type]
@@ -73,6 +75,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             max_num_batched_tokens=max_num_batched_tokens,
             enable_chunked_prefill=enable_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
+            scheduling_policy=policy,  # type: ignore[arg-type]
         )
         self.kv = KVCacheManager(num_blocks, block_size, prefix_caching)
         self.contents: dict[int, tuple[int, ...]] = {}  # block -> the prefix its KV holds
@@ -172,7 +175,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert not never_fits
         rid = f"r{next(self.ids)}"
         tokens = self._tokens(prompt_len)
-        req = Request(rid, tokens, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        req = Request(rid, tokens, params, priority=len(self.arrival) * 5 % 3)
         self.arrival[rid] = len(self.arrival)
         self.live.append(req)
         self.scheduler.add(req)
@@ -289,10 +293,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
             assert req.request_id not in kv.block_tables
             assert req.num_computed_tokens == 0
-        # FCFS: running, then the static batch's queue, then waiting, is arrival order.
-        order = [self.arrival[r.request_id] for r in (*sched.running, *sched.batch_waiting)]
-        order += [self.arrival[r.request_id] for r in sched.waiting]
-        assert order == sorted(order)
+        if self.config.scheduling_policy == "priority":  # waiting in (priority, arrival) order
+            keys = [sched.key(r) for r in sched.waiting]
+            assert keys == sorted(keys)
+        else:  # running, then the static batch's queue, then waiting, is arrival order
+            order = [self.arrival[r.request_id] for r in (*sched.running, *sched.batch_waiting)]
+            order += [self.arrival[r.request_id] for r in sched.waiting]
+            assert order == sorted(order)
         if self.config.batching == "continuous":
             assert not sched.batch_waiting
         else:

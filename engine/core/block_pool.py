@@ -28,6 +28,9 @@ class BlockPool:
         self.cached: dict[BlockHash, int] = {}  # hash -> the block holding those tokens
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.num_evicted = 0  # cached blocks handed out for other tokens
+        # Uses beyond the first, summed over blocks: the blocks that requests not sharing
+        # would each hold a copy of (parallel-sampling siblings, prefix-cache hits).
+        self.num_shared_refs = 0
 
     @property
     def num_free(self) -> int:
@@ -53,6 +56,8 @@ class BlockPool:
         for b in blocks:
             if self.ref_counts[b] == 0:
                 del self._free[b]
+            else:
+                self.num_shared_refs += 1
             self.ref_counts[b] += 1
 
     def free(self, blocks: Iterable[int]) -> None:
@@ -60,6 +65,8 @@ class BlockPool:
         for b in blocks:
             if self.ref_counts[b] <= 0:
                 raise RuntimeError(f"block {b} freed while not in use")
+            if self.ref_counts[b] > 1:
+                self.num_shared_refs -= 1
             self.ref_counts[b] -= 1
             if self.ref_counts[b] == 0:
                 self._free[b] = None

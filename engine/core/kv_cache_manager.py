@@ -34,6 +34,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.block_tables: dict[str, list[int]] = {}
         self.peak_blocks_used = 0
+        self.peak_blocks_shared = 0  # most block copies sharing saved at once
         self.peak_num_requests = 0
         self._hashes: dict[str, list[BlockHash]] = {}  # each request's full blocks, in order
         self._num_cached: dict[str, int] = {}  # how many of its blocks are in the cache
@@ -126,6 +127,7 @@ class KVCacheManager:
         if need > 0:
             table.extend(self.pool.allocate(need))
         self.peak_blocks_used = max(self.peak_blocks_used, self.pool.num_used)
+        self.peak_blocks_shared = max(self.peak_blocks_shared, self.pool.num_shared_refs)
         self.peak_num_requests = max(self.peak_num_requests, len(self.block_tables))
         return True
 

@@ -35,8 +35,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (or -1 for off), got {self.top_k}")
-        if self.n != 1:
-            raise ValueError("n > 1 (parallel sampling) is not supported yet")
+        if not 1 <= self.n <= 256:
+            raise ValueError(f"n must be in [1, 256], got {self.n}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
@@ -85,8 +85,15 @@ class Request:
         prompt: str | None = None,
         arrival_time: float | None = None,
         eos_token_ids: tuple[int, ...] = (),
+        priority: int = 0,
     ) -> None:
         self.request_id = request_id
+        # Parallel sampling (n > 1): each completion is a child request of its own, sharing
+        # the prompt's KV blocks; outputs carry the parent's id and the child's index.
+        self.parent_id = request_id
+        self.index = 0
+        self.priority = priority  # lower is served first (vLLM's convention)
+        self.arrival_seq: int | None = None  # the scheduler's tie-break among equal arrivals
         self.prompt = prompt
         self.num_prompt_tokens = len(prompt_token_ids)
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -170,17 +177,21 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (vLLM's name)
 
     @classmethod
-    def of(cls, req: Request, new_token_ids: list[int]) -> RequestOutput:
+    def of(
+        cls, req: Request, new_token_ids: list[int], finished: bool | None = None
+    ) -> RequestOutput:
+        """One completion's progress, under its parent's id; `finished`: the whole request
+        (every sibling) is done (default: this one is)."""
         reason = req.finish_reason.value if req.finish_reason else None
         completion = CompletionOutput(
-            0, req.stable_output_text, req.output_token_ids, reason, req.stop_reason
+            req.index, req.stable_output_text, req.output_token_ids, reason, req.stop_reason
         )
         return cls(
-            req.request_id,
+            req.parent_id,
             req.prompt,
             req.prompt_token_ids,
             [completion],
-            req.is_finished,
+            req.is_finished if finished is None else finished,
             req.metrics,
             new_token_ids,
             req.error,

@@ -3,10 +3,16 @@
 `max_num_seqs` and free KV blocks allow.
 
 `static` batching admits a new batch only once every request of the previous one has
-finished: the baseline that continuous batching is compared against."""
+finished: the baseline that continuous batching is compared against.
+
+Policies (vLLM's names): `fcfs` admits in arrival order and, when the KV pool runs out,
+preempts the most recently admitted request. `priority` admits in (priority, arrival) order,
+preempts the lowest-priority, latest-arrived running request, and lets a waiting request of
+higher priority preempt a running one of lower priority when no block or seat is free."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -42,6 +48,8 @@ class Scheduler:
         # Static batching: members of the current batch that are not running yet.
         self.batch_waiting: deque[Request] = deque()
         self.num_preemptions = 0
+        self.by_priority = config.scheduling_policy == "priority"
+        self._seq = itertools.count()  # arrival order among equal arrival times
 
     # ---- queue state -------------------------------------------------------------------
 
@@ -74,49 +82,86 @@ class Scheduler:
                 f"cache has {self.kv.num_blocks}: it can never fit"
             )
 
-    def add(self, req: Request) -> None:
-        self.waiting.append(req)
+    def add(self, req: Request, front: bool = False) -> None:
+        """Queue a request; `front`: it arrived before everything waiting (a held-back
+        sibling of a parallel-sampling request)."""
+        if req.arrival_seq is None:
+            req.arrival_seq = next(self._seq)
+        if self.by_priority:
+            self._insert(self.waiting, req)
+        elif front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    def key(self, req: Request) -> tuple[int, float, int]:
+        """Service order under `priority`: lower priority value, then earlier arrival."""
+        return (req.priority, req.metrics.arrival_time, req.arrival_seq or 0)
+
+    def _insert(self, queue: deque[Request], req: Request) -> None:
+        k = self.key(req)
+        i = len(queue)
+        while i > 0 and self.key(queue[i - 1]) > k:  # queues are short; most go at the end
+            i -= 1
+        queue.insert(i, req)
 
     # ---- one step ----------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.config.max_num_batched_tokens
-        assert budget is not None
+        total = self.config.max_num_batched_tokens
+        assert total is not None
 
-        i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
+        for req in list(self.running):
+            budget = total - out.num_batched_tokens
+            if budget <= 0:
+                break
+            if req.status != RequestStatus.RUNNING:
+                continue  # preempted this step to make room for another
             n = self._num_new_tokens(req, budget)
-            if n == 0:
-                i += 1
-                continue
-            if self._allocate_or_preempt(req, n, out):
+            if n > 0 and self._allocate_or_preempt(req, n, out):
                 out.scheduled.append((req, n))
-                budget -= n
-                i += 1
 
-        if out.preempted:  # the pool is short: admitting more would only thrash
+        if out.preempted and not self.by_priority:  # short of blocks: admitting would thrash
             return out
 
         queue = self._admission_queue()
-        while queue and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        while queue and (budget := total - out.num_batched_tokens) > 0:
             req = queue[0]
-            if not self._admit(req, budget, out):
+            if req in out.preempted:  # the best waiting one could not stay: no room now
                 break
-            queue.popleft()
-            budget -= out.scheduled[-1][1]
+            full = len(self.running) >= self.config.max_num_seqs
+            result = "no seat" if full else self._admit(req, budget, out)
+            if result == "admitted":
+                queue.popleft()
+            elif result == "no budget" or not self._preempt_for(req, out):
+                break
         return out
 
-    def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> bool:
+    def _preempt_for(self, req: Request, out: SchedulerOutput) -> bool:
+        """Under `priority` (continuous batching), make room for a waiting request by
+        preempting the worst running one, if it is worse than `req`."""
+        if not self.by_priority or self.config.batching != "continuous" or not self.running:
+            return False
+        victim = max(self.running, key=self.key)
+        if self.key(victim) <= self.key(req):
+            return False
+        self._preempt(victim, out)
+        return True
+
+    def _admit(self, req: Request, budget: int, out: SchedulerOutput) -> str:
         """Start (or restart, after preemption) a waiting request: from its longest cached
-        prefix, then as many new tokens as the budget allows. False: no room this step."""
+        prefix, then as many new tokens as the budget allows. "admitted", or why not: "no
+        budget" (this step's tokens are spent) or "no blocks"."""
         hit = self.kv.computed_blocks(req.request_id, req.token_ids)
         req.num_computed_tokens = len(hit) * self.kv.block_size
         n = self._num_new_tokens(req, budget)
-        if n == 0 or not self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n, hit):
+        if n == 0:
             req.num_computed_tokens = 0
-            return False
+            return "no budget"
+        if not self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n, hit):
+            req.num_computed_tokens = 0
+            return "no blocks"
         self.kv.record_lookup(req.num_tokens, req.num_computed_tokens)
         if req.num_cached_tokens is None:  # the first admission's hit is what usage reports
             req.num_cached_tokens = req.num_computed_tokens
@@ -126,7 +171,7 @@ class Scheduler:
             req.metrics.first_scheduled_time = time.monotonic()
         self.running.append(req)
         out.scheduled.append((req, n))
-        return True
+        return "admitted"
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
         n = req.num_tokens - req.num_computed_tokens
@@ -144,29 +189,36 @@ class Scheduler:
         return 0  # the whole prompt waits for a step with room for all of it
 
     def _allocate_or_preempt(self, req: Request, n: int, out: SchedulerOutput) -> bool:
-        """Allocate blocks for `n` more tokens of a running request, preempting the most
-        recently admitted requests until it fits. False if `req` itself was preempted."""
+        """Allocate blocks for `n` more tokens of a running request, preempting victims
+        (fcfs: the most recently admitted; priority: the worst) until it fits. False if
+        `req` itself was preempted."""
         while not self.kv.allocate_slots(req.request_id, req.num_computed_tokens + n):
-            victim = self.running.pop()
-            self._preempt(victim)
-            out.preempted.append(victim)
+            victim = max(self.running, key=self.key) if self.by_priority else self.running[-1]
+            self._preempt(victim, out)
             if victim is req:
                 return False
         return True
 
-    def _preempt(self, req: Request) -> None:
+    def _preempt(self, req: Request, out: SchedulerOutput) -> None:
+        """Back to the queue, to be recomputed; tokens it was given this step are taken back."""
+        self.running.remove(req)
+        out.scheduled = [(r, n) for r, n in out.scheduled if r is not req]
+        out.preempted.append(req)
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0  # recompute from scratch when readmitted
         req.status = RequestStatus.PREEMPTED
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1
         queue = self.batch_waiting if self.config.batching == "static" else self.waiting
-        queue.appendleft(req)
+        if self.by_priority:
+            self._insert(queue, req)
+        else:
+            queue.appendleft(req)
 
     def _admission_queue(self) -> deque[Request]:
         if self.config.batching == "continuous":
             return self.waiting
-        if not self.running and not self.batch_waiting:
+        if not self.running and not self.batch_waiting:  # waiting is in service order
             for _ in range(min(self.config.max_num_seqs, len(self.waiting))):
                 self.batch_waiting.append(self.waiting.popleft())
         return self.batch_waiting

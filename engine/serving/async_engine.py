@@ -61,13 +61,18 @@ class AsyncLLMEngine:
             await asyncio.to_thread(self._thread.join)
 
     def generate(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        priority: int = 0,
     ) -> RequestStream:
-        """Validate now (ValueError for a bad request), then stream the request's outputs.
-        Closing the stream before the end (a client gone) aborts the request."""
+        """Validate now (ValueError for a bad request), then stream the request's outputs
+        (with n > 1, each completion's, told apart by `outputs[0].index`; the last one is
+        `finished`). Closing the stream before the end (a client gone) aborts the request."""
         if request_id in self._streams:
             raise ValueError(f"request id {request_id!r} is already in use")
-        req = self.engine.make_request(request_id, prompt, params)
+        req = self.engine.make_request(request_id, prompt, params, priority=priority)
         queue: asyncio.Queue[RequestOutput | Exception] = asyncio.Queue()
         self._streams[request_id] = queue
         with self._inbox_lock:
