@@ -44,6 +44,7 @@ FIELDS = [
     "stop",
     "stop_token_ids",
     "n",
+    "priority",
     "stream",
     "stream_options",
     "logprobs",

@@ -627,3 +627,26 @@ def test_the_right_key_is_served_and_health_and_metrics_need_none(keyed: Server)
         client.models.list()
     assert http_request(keyed, "GET", "/health").status == 200
     assert http_request(keyed, "GET", "/metrics").status == 200
+
+
+def test_the_openai_client_gets_n_choices_priority_and_cached_tokens(
+    client: openai.OpenAI, llm: LLM
+) -> None:
+    """n as the OpenAI field, priority through extra_body (vLLM's field), and the prefix
+    cache's share of the prompt in usage.prompt_tokens_details.cached_tokens."""
+    prompt = "Write a haiku about the sea, with a title, in English, please:"
+    kw = {"model": SMOL, "prompt": prompt, "max_tokens": 6, "temperature": 0.0}
+    first = client.completions.create(n=3, extra_body={"priority": 1}, **kw)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert len({c.text for c in first.choices}) == 1  # greedy: three equal completions
+    expected = llm.generate(prompt, SamplingParams(max_tokens=6, temperature=0.0))[0]
+    assert first.choices[0].text == expected.outputs[0].text
+    assert first.usage.completion_tokens == 18
+    assert first.usage.prompt_tokens == len(expected.prompt_token_ids)  # counted once
+    chunks = client.completions.create(n=2, stream=True, **kw)
+    indices = {c.choices[0].index for c in chunks if c.choices}
+    assert indices == {0, 1}
+    again = client.completions.create(**kw)
+    assert again.usage.prompt_tokens_details.cached_tokens == (
+        (again.usage.prompt_tokens - 1) // 16 * 16
+    )

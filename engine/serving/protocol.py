@@ -44,6 +44,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     max_tokens_given: bool
+    priority: int = 0  # vLLM's body field: lower is served first under priority scheduling
 
 
 def _typed(body: dict[str, Any], name: str, types: tuple[type, ...], default: Any) -> Any:
@@ -147,8 +148,11 @@ def parse_messages(body: dict[str, Any]) -> list[dict[str, str]]:
 
 def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: bool) -> ParsedRequest:
     n = _typed(body, "n", (int,), 1)
-    if n != 1:
-        raise APIError("only n=1 is supported (no parallel sampling yet)", param="n")
+    if not 1 <= n <= 256:
+        raise APIError(f"'n' must be in [1, 256], got {n}", param="n")
+    priority = _typed(body, "priority", (int,), 0)
+    if not -(2**31) <= priority < 2**31:
+        raise APIError(f"'priority' must fit in 32 bits, got {priority}", param="priority")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
         raise APIError("logprobs are not supported", param="logprobs")
     if body.get("echo"):
@@ -195,6 +199,7 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
             seed=seed,
             stop=stop,
             stop_token_ids=stop_token_ids,
+            n=n,
             ignore_eos=_typed(body, "ignore_eos", (bool,), False),
             include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False),
         )
@@ -203,7 +208,7 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
     include_usage = stream_options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise APIError("'stream_options.include_usage' must be a boolean", param="stream_options")
-    return ParsedRequest(prompts, params, stream, include_usage, max_tokens is not None)
+    return ParsedRequest(prompts, params, stream, include_usage, max_tokens is not None, priority)
 
 
 def parse_completion(body: dict[str, Any]) -> ParsedRequest:

@@ -203,7 +203,8 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
     check_capacity(request, len(prompts))  # no await from here until they are queued
     for i, ids in enumerate(prompts):
         try:
-            streams.append(engine.generate(f"{base_id}-{i}", ids, parsed.params))
+            stream = engine.generate(f"{base_id}-{i}", ids, parsed.params, parsed.priority)
+            streams.append(stream)
         except ValueError as e:
             for s in streams:  # the earlier prompts of this request were queued: take them back
                 await s.aclose()
@@ -212,9 +213,9 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
     meta = {"id": base_id, "created": int(time.time()), "model": state.model_name}
     if parsed.stream:
         return await stream_response(
-            request, streams, parsed.include_usage, chat, meta, state.ttft_s
+            request, streams, parsed.include_usage, chat, meta, state.ttft_s, parsed.params.n
         )
-    return await full_response(streams, chat, meta)
+    return await full_response(streams, chat, meta, parsed.params.n)
 
 
 def raise_context(n_prompt: int, max_tokens: int, max_len: int) -> None:

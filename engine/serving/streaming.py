@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 
 
 async def merged(
-    streams: list[RequestStream],
+    streams: list[RequestStream], n: int = 1
 ) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """Interleave several requests' outputs as they come; closing this closes them all."""
+    """Interleave several requests' outputs as they come, each with its choice index (prompt
+    i's completion j is choice i * n + j, as vLLM numbers them); closing this closes them
+    all."""
     queue: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
 
     async def pump(i: int, s: AsyncIterator[RequestOutput]) -> None:
@@ -44,7 +46,7 @@ async def merged(
             elif isinstance(item, BaseException):
                 raise item
             else:
-                yield i, item
+                yield i * n + item.outputs[0].index, item
     finally:
         for t in tasks:
             t.cancel()
@@ -53,11 +55,13 @@ async def merged(
 
 
 def usage(outputs: dict[int, RequestOutput]) -> dict[str, Any]:
-    """OpenAI's usage, with the prompt tokens the prefix cache served (as vLLM and OpenAI
-    report them: prompt_tokens_details.cached_tokens)."""
-    p = sum(len(o.prompt_token_ids) for o in outputs.values())
+    """OpenAI's usage by choice: each prompt counted once (its n completions share it), with
+    the prompt tokens the prefix cache served (prompt_tokens_details.cached_tokens, as vLLM
+    and OpenAI report them)."""
+    prompts = [o for o in outputs.values() if o.outputs[0].index == 0]  # the first completion
+    p = sum(len(o.prompt_token_ids) for o in prompts)
     c = sum(len(o.outputs[0].token_ids) for o in outputs.values())
-    cached = sum(o.num_cached_tokens for o in outputs.values())
+    cached = sum(o.num_cached_tokens for o in prompts)
     return {
         "prompt_tokens": p,
         "completion_tokens": c,
@@ -67,11 +71,11 @@ def usage(outputs: dict[int, RequestOutput]) -> dict[str, Any]:
 
 
 async def full_response(
-    streams: list[RequestStream], chat: bool, meta: dict[str, Any]
+    streams: list[RequestStream], chat: bool, meta: dict[str, Any], n: int = 1
 ) -> web.Response:
     last: dict[int, RequestOutput] = {}
     try:
-        async with contextlib.aclosing(merged(streams)) as outs:
+        async with contextlib.aclosing(merged(streams, n)) as outs:
             async for i, out in outs:
                 last[i] = out
     except EngineStepError as e:
@@ -101,6 +105,7 @@ async def stream_response(
     chat: bool,
     meta: dict[str, Any],
     ttft_s: Histogram,
+    n: int = 1,
 ) -> web.StreamResponse:
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -130,7 +135,7 @@ async def stream_response(
         return {**meta, "object": obj, "choices": [choice]}
 
     try:
-        async with contextlib.aclosing(merged(streams)) as outs:
+        async with contextlib.aclosing(merged(streams, n)) as outs:
             async for i, out in outs:
                 if request.transport is None or request.transport.is_closing():
                     raise ConnectionResetError  # gone, even if no text was due to it
