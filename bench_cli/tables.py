@@ -20,6 +20,7 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
         ("Failed requests", f"{summary['failed']}"),
         ("Benchmark duration (s)", f"{summary['duration_s']:.2f}"),
         ("Total input tokens", f"{summary['total_input_tokens']}"),
+        *_cached_row(summary),
         ("Total generated tokens", f"{summary['total_output_tokens']}"),
         ("Request throughput (req/s)", f"{summary['request_throughput']:.2f}"),
         ("Output token throughput (tok/s)", f"{summary['output_throughput']:.2f}"),
@@ -127,3 +128,12 @@ def print_result(console: Console, summary: dict[str, Any], title: str) -> None:
             "[yellow]cold start[/]: the bundled engine was started for this run and got no "
             "warm-up requests (--warmup 0); its first requests include one-off first-use costs"
         )
+
+
+def _cached_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Prompt tokens served by the server's prefix cache, where its usage reports them."""
+    cached, total = summary.get("total_cached_tokens"), summary["total_input_tokens"]
+    if cached is None:
+        return []
+    share = f" ({cached / total:.0%})" if total else ""
+    return [("  of which from the prefix cache", f"{cached}{share}")]

@@ -209,6 +209,9 @@ class OpenAIBackend:
             rec.output_tokens, rec.output_tokens_source = n, "tokenizer"
         else:
             rec.output_tokens, rec.output_tokens_source = n_chunks, "chunks"
+        details = usage.get("prompt_tokens_details") or {}  # vLLM, SGLang, OpenAI, ours
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            rec.cached_tokens = int(details["cached_tokens"])
         if usage.get("prompt_tokens") is not None:
             rec.prompt_tokens, rec.prompt_tokens_source = int(usage["prompt_tokens"]), "usage"
         else:
@@ -373,6 +376,7 @@ class InProcessBackend:
                     rec.reply = done[0].text
                     rec.prompt_tokens = len(out.prompt_token_ids)
                     rec.output_tokens = sum(len(c.token_ids) for c in done)  # all n
+                    rec.cached_tokens = out.num_cached_tokens
                     reasons = [c.finish_reason for c in done]
                     rec.finish_reason = next((r for r in reasons if r in ("abort", "error")), None)
                     rec.finish_reason = rec.finish_reason or reasons[0]

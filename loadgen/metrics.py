@@ -162,6 +162,8 @@ def summarize(
         "cancelled": statuses["cancelled"],
         "duration_s": duration_s,
         "total_input_tokens": in_tokens,
+        # Prompt tokens the server's prefix cache served, when its usage says (None: silent)
+        "total_cached_tokens": _cached(ok),
         "total_output_tokens": out_tokens,
         "tokens_counted_by": dict(Counter(r.output_tokens_source for r in ok)),
         "definitions": DEFINITIONS,
@@ -223,6 +225,11 @@ def summarize_classes(
         summary.pop("definitions")  # the run's summary holds them once
         out[name] = summary
     return out
+
+
+def _cached(ok: Sequence[RequestRecord]) -> int | None:
+    told = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    return sum(told) if told else None
 
 
 def peak_output_throughput(ok: Sequence[RequestRecord]) -> float:

@@ -30,6 +30,7 @@ class RequestRecord:
     chunk_tokens: list[int] = field(default_factory=list)  # tokens in each of those chunks
     chunk_choice: list[int] = field(default_factory=list)  # n > 1: each chunk's choice index
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # of those, served by the server's prefix cache (usage)
     prompt_tokens_source: str = "tokenizer"  # usage | tokenizer | engine
     output_tokens: int = 0
     output_tokens_source: str = "chunks"  # usage | tokenizer | chunks | engine

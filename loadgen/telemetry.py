@@ -20,6 +20,11 @@ ENGINE_GAUGES = {
     "kv_peak_blocks_used": ("servebench:kv_peak_blocks_used",),
     "kv_usage": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
     "preemptions": ("servebench:num_preemptions_total", "vllm:num_preemptions_total"),
+    "prefix_cache_queries": (
+        "servebench:prefix_cache_queries_total",
+        "vllm:prefix_cache_queries_total",
+    ),
+    "prefix_cache_hits": ("servebench:prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
     "rss_bytes": ("process_resident_memory_bytes",),  # any Prometheus client exports it
 }
 
@@ -179,6 +184,10 @@ class Telemetry:
         if "engine_preemptions" in names:
             p = col("engine_preemptions")
             out["preemptions"] = p[-1] - p[0]
+        if {"engine_prefix_cache_queries", "engine_prefix_cache_hits"} <= names:
+            q, h = col("engine_prefix_cache_queries"), col("engine_prefix_cache_hits")
+            asked = q[-1] - q[0]  # over the run (the counters are the server's lifetime's)
+            out["prefix_cache_hit_rate"] = (h[-1] - h[0]) / asked if asked else None
         return out
 
     def write_csv(self, path: Path, t0: float) -> None:

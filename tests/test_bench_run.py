@@ -276,3 +276,18 @@ def test_a_ramp_up_run_against_a_server(tmp_path: Path, mock_server: Callable[..
     records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
     gaps = np.diff(sorted(r["scheduled_s"] for r in records))
     assert np.allclose(gaps, 1 / (5 * 16 ** (np.arange(1, 30) / 29)))
+
+
+def test_a_shared_prefix_run_reports_the_servers_cached_tokens(tmp_path: Path) -> None:
+    """bench serve's usage says how many prompt tokens its prefix cache served; the summary
+    adds them up and prints their share, and the telemetry gives the run's hit rate."""
+    rc, printed, run = bench_run(
+        tmp_path, max_num_seqs=8, shared_prefix_len=48, num_prefix_groups=1, warmup=0
+    )
+    assert rc == 0, printed
+    summary = json.loads((run / "summary.json").read_text())
+    records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert summary["total_cached_tokens"] == sum(r["cached_tokens"] for r in records) > 0
+    assert all(r["cached_tokens"] % 16 == 0 for r in records)
+    assert "of which from the prefix cache" in printed
+    assert summary["telemetry"]["prefix_cache_hit_rate"] > 0

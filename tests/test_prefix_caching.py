@@ -83,7 +83,7 @@ def test_the_last_prompt_token_is_always_computed() -> None:
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
     first = llm.generate([prompt], params)[0]
     again = llm.generate([prompt], params)[0]
-    longer = llm.generate([prompt + [60, 61]], params)[0]
+    longer = llm.generate([[*prompt, 60, 61]], params)[0]
     assert first.num_cached_tokens == 0
     assert again.num_cached_tokens == 32  # not 48: the last token is computed again
     assert again.outputs[0].token_ids == first.outputs[0].token_ids

@@ -128,3 +128,15 @@ def test_the_summary_lists_the_sampled_columns() -> None:
     s = tel.summary()
     assert {"server_cpu_percent", "server_rss_mb"} <= set(s["columns"])
     assert not any(n.startswith("no CPU telemetry") for n in s["notes"])
+
+
+def test_the_prefix_cache_hit_rate_is_taken_over_the_run() -> None:
+    """The counters are the server's lifetime's: the run's hit rate is their growth's ratio."""
+    tel = Telemetry(pid=None, metrics_url=None)
+    tel.rows = [
+        {"t": 0.0, "engine_prefix_cache_queries": 1000.0, "engine_prefix_cache_hits": 900.0},
+        {"t": 1.0, "engine_prefix_cache_queries": 1400.0, "engine_prefix_cache_hits": 1000.0},
+    ]
+    assert tel.summary()["prefix_cache_hit_rate"] == 0.25
+    page = "vllm:prefix_cache_queries_total 5\nservebench:prefix_cache_hits_total 3\n"
+    assert parse_gauges(page) == {"prefix_cache_queries": 5.0, "prefix_cache_hits": 3.0}
