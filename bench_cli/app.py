@@ -255,6 +255,7 @@ def run(
     ] = None,
     num_prefix_groups: Annotated[int | None, Opt(help="distinct shared prefixes")] = None,
     ignore_eos: Annotated[bool | None, Opt(help="ask for exactly the output length")] = None,
+    n: Annotated[int | None, Opt(help="completions per prompt (parallel sampling)")] = None,
     turns: Annotated[
         str | None,
         Opt(

@@ -74,6 +74,9 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
         if isinstance(value, int | float) and key != "samples":
             out[f"telemetry.{key}"] = value
     out["slo_attainment"] = slo_attainment(summary)
+    cached = summary.get("total_cached_tokens")  # only where the server's usage reports it
+    if cached is not None:
+        out["prompt_tokens_computed"] = summary["total_input_tokens"] - cached
     for name, c in (summary.get("classes") or {}).items():  # a mix: each class's headline
         out |= {f"class.{name}.{k}": v for k, v in class_metrics(c).items()}
     return out
@@ -85,6 +88,9 @@ def class_metrics(summary: dict[str, Any]) -> dict[str, float | None]:
     out = {f"{d}.{s}": summary[d][s] for d in CLASS_DISTRIBUTIONS for s in ("p50", "p99")}
     out |= {k: summary[k] for k in CLASS_SCALARS}
     out["slo_attainment"] = slo_attainment(summary)
+    cached = summary.get("total_cached_tokens")  # only where the server's usage reports it
+    if cached is not None:
+        out["prompt_tokens_computed"] = summary["total_input_tokens"] - cached
     return out
 
 

@@ -23,6 +23,10 @@ COLUMNS = (
     ("in SLO", "slo_attainment", True, 100.0, "{:.0f}%"),
     ("mean running", "telemetry.mean_engine_running", True, 1.0, "{:.1f}"),
     ("preempted", "telemetry.preemptions", False, 1.0, "{:.0f}"),
+    # what sharing saves: prompt tokens computed (not served by a prefix cache), KV held
+    ("prefill tok", "prompt_tokens_computed", False, 1.0, "{:.0f}"),
+    ("prefix hits", "telemetry.prefix_cache_hit_rate", True, 100.0, "{:.0f}%"),
+    ("peak KV blocks", "telemetry.peak_engine_kv_blocks_used", False, 1.0, "{:.0f}"),
 )
 SLO_ATTAINMENT = 0.9  # a load is "served" when 90 % of requests meet every SLO (DistServe)
 

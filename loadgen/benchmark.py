@@ -129,6 +129,8 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         if cfg.turns is not None:  # each turn a fresh prompt of the input length, after the rest
             stream = synthetic_sessions(stream, cfg.turns, cfg.think_time, cfg.seed)
         warm = synthetic(dataclasses.replace(wl, seed=warmup_seed), builder)
+    if cfg.n > 1:  # parallel sampling: n completions of every measured prompt
+        stream = (dataclasses.replace(x, n=cfg.n) for x in stream)  # type: ignore[arg-type]
     # The streams are generators: pull a request now, so a bad file or setting fails here,
     # before any server starts, not in the middle of the run.
     stream = itertools.chain([next(stream)], stream)

@@ -67,6 +67,7 @@ class RunConfig:
     shared_prefix_len: int = 0
     num_prefix_groups: int = 1
     ignore_eos: bool = True
+    n: int = 1  # completions per prompt (parallel sampling; the OpenAI field)
     turns: str | None = None  # multi-turn: turns per conversation (a length spec: 4, uniform:2:6)
     think_time: float = 0.0  # multi-turn: seconds between a reply and the next turn
     # traffic classes: several request kinds in one run, each with its own arrivals and
@@ -140,6 +141,10 @@ class RunConfig:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
         if self.dataset and self.input_len is not None:
             raise ValueError("a dataset gives the prompts: --input-len cannot go with --dataset")
+        if not 1 <= self.n <= 256:
+            raise ValueError(f"n must be in [1, 256] completions per prompt, got {self.n}")
+        if self.n > 1 and self.turns is not None:
+            raise ValueError("--n with --turns: a conversation follows one reply, not n")
         if self.turns is not None:
             LengthDist.parse(self.turns)
             if self.arrival == "trace":

@@ -291,3 +291,16 @@ def test_a_shared_prefix_run_reports_the_servers_cached_tokens(tmp_path: Path) -
     assert all(r["cached_tokens"] % 16 == 0 for r in records)
     assert "of which from the prefix cache" in printed
     assert summary["telemetry"]["prefix_cache_hit_rate"] > 0
+
+
+@pytest.mark.parametrize("target", ["in-process", "HTTP"])
+def test_n_asks_every_prompt_for_n_completions(tmp_path: Path, target: str) -> None:
+    """--n: parallel sampling through each door; each record counts its n completions."""
+    flags = {"in_process": True} if target == "in-process" else {}
+    rc, printed, run = bench_run(tmp_path, n=3, num_requests=3, warmup=0, **flags)
+    assert rc == 0, printed
+    summary = json.loads((run / "summary.json").read_text())
+    records = [json.loads(line) for line in (run / "requests.jsonl").read_text().splitlines()]
+    assert summary["completed"] == 3 and summary["total_output_tokens"] == 3 * 3 * 6
+    assert all(r["n"] == 3 and r["output_tokens"] == 18 for r in records)
+    assert summary["config"]["run"]["n"] == 3
