@@ -43,6 +43,9 @@ KVMemory = Annotated[float | None, typer.Option(help="KV-cache memory budget in 
 MaxModelLen = Annotated[int | None, typer.Option(help="longest prompt + output")]
 Quantization = Annotated[str | None, typer.Option(help="fp8: e4m3 linear weights")]
 KVDtype = Annotated[str, typer.Option(help="auto | bfloat16 | float32 | fp8 (e4m3, scaled)")]
+SchedulingPolicy = Annotated[
+    str, typer.Option(help="fcfs | priority (lower priority value first, with preemption)")
+]
 PrefixCaching = Annotated[
     bool, typer.Option(help="reuse the KV of cached prompt prefixes (full 16-token blocks)")
 ]
@@ -97,6 +100,7 @@ def generate(
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
     enable_prefix_caching: PrefixCaching = True,
+    scheduling_policy: SchedulingPolicy = "fcfs",
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -181,6 +185,7 @@ def serve(
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
     enable_prefix_caching: PrefixCaching = True,
+    scheduling_policy: SchedulingPolicy = "fcfs",
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -322,6 +327,7 @@ def run(
     enable_prefix_caching: Annotated[
         bool | None, Opt(help="engine: reuse cached prompt prefixes (default on)")
     ] = None,
+    scheduling_policy: Annotated[str | None, Opt(help="engine: fcfs | priority")] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""

@@ -63,3 +63,13 @@ def test_every_flag_the_readme_names_exists() -> None:
             continue
         missing |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", paragraph)) - ours
     assert not missing, f"README names flags no command has: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("command", ["serve", "generate", "run"])
+def test_every_engine_argument_is_a_flag(command: str) -> None:
+    """`bench serve --scheduling-policy` was missing while LLM(scheduling_policy=) worked."""
+    from engine.config import engine_arg_names
+
+    text = help_text(command)
+    missing = [a for a in engine_arg_names() if f"--{a.replace('_', '-')}" not in text]
+    assert not missing, f"bench {command} lacks {missing}"
