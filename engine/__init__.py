@@ -15,7 +15,8 @@ keep_freed_memory_in_heap()  # before torch is imported (by any submodule): see 
 if TYPE_CHECKING:
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
     from engine.core.request import CompletionOutput, RequestOutput, SamplingParams
-    from engine.engine import LLM, LLMEngine
+    from engine.engine import LLMEngine
+    from engine.llm import LLM
 
 _LAZY = {
     "CacheConfig": "engine.config",
@@ -25,7 +26,7 @@ _LAZY = {
     "CompletionOutput": "engine.core.request",
     "RequestOutput": "engine.core.request",
     "SamplingParams": "engine.core.request",
-    "LLM": "engine.engine",
+    "LLM": "engine.llm",
     "LLMEngine": "engine.engine",
 }
 __all__ = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import time
 from dataclasses import dataclass, field
@@ -197,3 +198,15 @@ class RequestOutput:
             req.error,
             req.num_cached_tokens or 0,
         )
+
+
+def merge_outputs(outputs: list[RequestOutput]) -> RequestOutput:
+    """One request's completions (each child's latest output) as one output, by index."""
+    last = outputs[-1]
+    completions = sorted((o.outputs[0] for o in outputs), key=lambda c: c.index)
+    return dataclasses.replace(
+        last,
+        outputs=completions,
+        finished=all(c.finish_reason is not None for c in completions),
+        num_cached_tokens=max(o.num_cached_tokens for o in outputs),
+    )
