@@ -135,7 +135,8 @@ def test_the_mock_server_streams_n_choices(mock_server: Callable[..., str]) -> N
 class _Completion:
     text: str
     token_ids: list[int]
-    finish_reason: str = "length"
+    index: int = 0
+    finish_reason: str | None = "length"
 
 
 @dataclass
@@ -145,10 +146,13 @@ class _Output:
     outputs: list[_Completion] = field(default_factory=list)
     prompt_token_ids: list[int] = field(default_factory=lambda: [1, 2])
     error: str | None = None
+    num_cached_tokens: int = 0
 
 
 class _Engine:
-    """An async engine that takes a priority and streams n completions of 2 tokens."""
+    """An async engine that takes a priority and streams n completions of 2 tokens the way
+    ours does: one output per completion per step, told apart by `outputs[0].index`, the last
+    one `finished`."""
 
     tokenizer = None
 
@@ -162,9 +166,11 @@ class _Engine:
         self.calls.append((params.n, priority))
 
         async def stream() -> AsyncIterator[_Output]:
-            yield _Output([5] * params.n, False)
-            done = [_Completion("x", [5, 6]) for _ in range(params.n)]
-            yield _Output([6] * params.n, True, done)
+            for tokens, reason in (([5], None), ([5, 6], "length")):
+                for i in range(params.n):
+                    done = reason is not None and i == params.n - 1
+                    completion = _Completion("x", tokens, i, reason)
+                    yield _Output(tokens[-1:], done, [completion])
 
         return stream()
 
@@ -184,16 +190,9 @@ def test_the_in_process_engine_gets_the_priority_and_n() -> None:
     engine = _Engine()
     r = _in_process(engine, RequestSpec("hi", 2, 2, priority=4))
     assert r.status == "ok" and engine.calls == [(1, 4)]
-    try:
-        from engine.core.request import SamplingParams
-
-        SamplingParams(n=2)
-    except ValueError as e:  # the engine has no parallel sampling yet: the request says so
-        r = _in_process(engine, RequestSpec("hi", 2, 2, n=2))
-        assert r.status == "error" and str(e) in (r.error or "") and r.send_s is not None
-        return
     r = _in_process(engine, RequestSpec("hi", 2, 2, n=2))
     assert r.status == "ok" and engine.calls[-1] == (2, None) and r.output_tokens == 4
+    assert r.chunk_choice == [0, 1, 0, 1]  # each completion's chunks, for its own ITL
 
 
 def test_an_engine_without_priorities_fails_the_request_with_its_reason() -> None:

@@ -370,7 +370,7 @@ BAD_REQUESTS: list[tuple[str, str, str, Any, int, Any, Any]] = [
     ("temperature-5", "POST", C, {**OK, "temperature": 5}, 400, "temperature", None),
     ("top-p-0", "POST", C, {**OK, "top_p": 0}, 400, "top_p", None),
     ("top-k-minus-5", "POST", C, {**OK, "top_k": -5}, 400, "top_k", None),
-    ("n-2", "POST", C, {**OK, "n": 2}, 400, "n", None),
+    ("n-0", "POST", C, {**OK, "n": 0}, 400, "n", None),
     ("logprobs", "POST", C, {**OK, "logprobs": 1}, 400, "logprobs", None),
     (
         "include-usage-string",
