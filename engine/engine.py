@@ -1,4 +1,4 @@
-"""`LLMEngine` (add_request / step / abort) and the offline `LLM.generate`, shaped like vLLM's."""
+"""`LLMEngine` (add_request / step / abort), shaped like vLLM's; the offline `LLM` is in llm.py."""
 
 from __future__ import annotations
 
@@ -302,10 +302,12 @@ class LLMEngine:
         unknown, end with the error."""
         outputs = [o for o in self._step_outputs if o.finished]
         self._step_outputs = []
-        for req in list(self.scheduler.running):
-            req.error = error
-            self._finish(req, FinishReason.ERROR, flush=False)
-            outputs.append(self._output(req, []))
+        for running in list(self.scheduler.running):
+            for req in self._group(running):  # n > 1: its waiting and held siblings too
+                if not req.is_finished:
+                    req.error = error
+                    self._finish(req, FinishReason.ERROR, flush=False)
+                    outputs.append(self._output(req, []))
         return outputs
 
     def has_unfinished_requests(self) -> bool:
@@ -341,7 +343,8 @@ class LLMEngine:
             req.token_ids.append(token)
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
-                self._counters["prompt_tokens"] += req.num_prompt_tokens
+                if req.index == 0:  # n > 1: the children share one prompt
+                    self._counters["prompt_tokens"] += req.num_prompt_tokens
             self._process_token(req, token)
             outputs.append(self._output(req, [token]))
         if self._held:

@@ -426,3 +426,15 @@ def test_metric_labels_are_escaped() -> None:
 
     page = render_page({}, {"h": (Histogram(), "x")}, {"model": 'a"b\\c\nd'})
     assert 'model="a\\"b\\\\c\\nd"' in page
+
+
+def test_every_streamed_choice_of_n_ends_with_its_finish_reason(client: Any) -> None:
+    """With n > 1 a completion can end while a sibling has not: its own last chunk carries
+    its finish_reason (once only the last sibling's did)."""
+    body = {"prompt": [5, 6, 7], "max_tokens": 3, "n": 3, "ignore_eos": True, "stream": True}
+    status, text = post(client, "/v1/completions", body)
+    assert status == 200
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    reasons = {c["index"]: c["finish_reason"] for e in events for c in e["choices"]}
+    ends = [c["index"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert reasons == {0: "length", 1: "length", 2: "length"} and sorted(ends) == [0, 1, 2]

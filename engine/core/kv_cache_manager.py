@@ -113,7 +113,7 @@ class KVCacheManager:
         computed = computed or []
         table = self.block_tables.get(request_id)
         assert not (computed and table), "cache hits start a table"
-        have = len(table) if table else len(computed)
+        have = len(table) if table is not None else len(computed)
         need = max(0, self.blocks_for(num_tokens) - have)
         reclaimed = sum(self.pool.is_free(b) for b in computed)  # hits now in the free queue
         if need + reclaimed > self.pool.num_free:

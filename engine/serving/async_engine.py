@@ -110,7 +110,8 @@ class AsyncLLMEngine:
             self.stats = engine.stats()
             self._send(outputs)
         outputs = self._take_inbox()
-        outputs += [o for r in list(engine.requests) if (o := engine.abort_request(r))]
+        parents = {r.parent_id for r in engine.requests.values()}  # n > 1: children's parents
+        outputs += [o for r in parents if (o := engine.abort_request(r))]
         self.stats = engine.stats()
         self._send(outputs)
 

@@ -140,14 +140,15 @@ async def stream_response(
                 if request.transport is None or request.transport.is_closing():
                     raise ConnectionResetError  # gone, even if no text was due to it
                 first = i not in last
-                if first and out.metrics.first_token_time is not None:
+                c = out.outputs[0]
+                if first and c.index == 0 and out.metrics.first_token_time is not None:
                     ttft_s.observe(out.metrics.first_token_time - out.metrics.arrival_time)
                 last[i] = out
-                c = out.outputs[0]
                 text = c.text[sent_len.get(i, 0) :]
                 sent_len[i] = len(c.text)
-                if text or out.finished or first:
-                    await send(chunk(i, text, c.finish_reason if out.finished else None, first))
+                done = c.finish_reason is not None  # this completion (n > 1: not its siblings)
+                if text or done or first:
+                    await send(chunk(i, text, c.finish_reason, first))
         if include_usage:
             await send({**meta, "object": obj, "choices": [], "usage": usage(last)})
         await send("[DONE]")
