@@ -150,7 +150,8 @@ class OpenAIBackend:
     def _keep_partial(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
         """What a request got before it ended, finished or not: a failed stream keeps its
         first-chunk time and token counts (they stay out of the latency figures)."""
-        rec.reply = "".join(texts)
+        if rec.session is not None:  # only a conversation's next turn reads it
+            rec.reply = "".join(texts)
         if rec.chunk_s:
             rec.first_chunk_s = rec.chunk_s[0]
             self._count_tokens(rec, texts, usage)
@@ -373,7 +374,8 @@ class InProcessBackend:
                             rec.chunk_choice.append(c.index)
                 if out.finished:
                     done = [latest[i] for i in sorted(latest)]
-                    rec.reply = done[0].text
+                    if rec.session is not None:
+                        rec.reply = done[0].text
                     rec.prompt_tokens = len(out.prompt_token_ids)
                     rec.output_tokens = sum(len(c.token_ids) for c in done)  # all n
                     rec.cached_tokens = out.num_cached_tokens

@@ -21,7 +21,7 @@ from typing import Any
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
-from loadgen.metrics import SLO, arrival_check, summarize, summarize_classes
+from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter
 from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
@@ -300,9 +300,6 @@ async def run_benchmark(
     summary["warmup_requests"] = len(outcome.warmup)
     if cfg.turns is not None:
         summary["multi_turn"] = multi_turn_summary(outcome.records)
-        if built.arrivals is not None:  # the schedule gave the conversations' first turns only
-            firsts = [r for r in outcome.records if not r.turn]
-            summary["arrival_check"] = arrival_check(firsts, built.arrivals)
     if runner.probe_record is not None:  # the server saw it too (its steps, its counters)
         summary["test_request"] = json.loads(runner.probe_record.to_json())
     return summary, outcome

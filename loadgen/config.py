@@ -145,6 +145,8 @@ class RunConfig:
             raise ValueError(f"n must be in [1, 256] completions per prompt, got {self.n}")
         if self.n > 1 and self.turns is not None:
             raise ValueError("--n with --turns: a conversation follows one reply, not n")
+        if self.n > 1 and self.arrival == "trace":
+            raise ValueError("--n with a trace: the trace's rows are single requests")
         if self.turns is not None:
             LengthDist.parse(self.turns)
             if self.arrival == "trace":
@@ -185,7 +187,7 @@ class RunConfig:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < -1:
+        if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
             raise ValueError(f"top_k must be >= 1 (or -1: off), got {self.top_k}")
         if self.in_process and (self.headers or self.extra_body):
             raise ValueError("--header and --extra-body go over HTTP: not with --in-process")
@@ -211,17 +213,20 @@ class RunConfig:
         ):
             if getattr(self, key) is not None:
                 raise ValueError(f"{flag} cannot go with traffic classes (--class / [[class]])")
+        if self.n > 1:
+            raise ValueError("--n cannot go with traffic classes: give each class its own n")
 
     def sampling(self) -> dict[str, Any]:
         """The sampling fields of each request body, as the OpenAI API (and vLLM) names them."""
         out: dict[str, Any] = {"temperature": self.temperature}
-        return out | {k: v for k, v in (("top_p", self.top_p), ("top_k", self.top_k)) if v}
+        given = (("top_p", self.top_p), ("top_k", self.top_k))
+        return out | {k: v for k, v in given if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         if d["api_key"]:
             d["api_key"] = "***"
-        d["headers"] = {k: "***" if _secret(k) else v for k, v in self.headers.items()}
+        d["headers"] = {k: "***" if secret_header(k) else v for k, v in self.headers.items()}
         return d
 
 
@@ -325,6 +330,6 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def _secret(header: str) -> bool:
+def secret_header(header: str) -> bool:
     """Header values never written to a results file: credentials of any kind."""
     return any(word in header.lower() for word in ("auth", "key", "token", "secret", "cookie"))

@@ -42,7 +42,7 @@ class RequestRecord:
     turn: int | None = None
     cls: str | None = None  # its traffic class, when the run mixes several
     n: int = 1  # completions asked for: output_tokens counts them all
-    reply: str = ""  # the text received: the next turn's context (not written to disk)
+    reply: str = ""  # multi-turn: the text received, the next turn's context (not on disk)
 
     @property
     def ok(self) -> bool:

@@ -210,7 +210,7 @@ class LoadRunner:
             self.next_send = self.t0 + offset
             await sleep_until(self.next_send)
             if isinstance(spec, Session):
-                self._launch(self._session(i, spec, offset, cap))
+                self._launch(self._session(i, spec, offset, cap), requests=0)
                 continue
             rec = self._record(i, spec)
             rec.scheduled_s = offset
@@ -249,7 +249,7 @@ class LoadRunner:
                 slots.release()
                 return
             if isinstance(spec, Session):  # the slot is the conversation's, turn after turn
-                self._launch(self._session(i, spec, now, None, release=slots))
+                self._launch(self._session(i, spec, now, None, release=slots), requests=0)
                 continue
             rec = self._record(i, spec)
             rec.scheduled_s = now  # a closed loop sends the moment a slot frees up
@@ -273,7 +273,9 @@ class LoadRunner:
                 rec = self._record(self._next_index, spec)
                 self._next_index += 1
                 rec.session, rec.turn, rec.scheduled_s = i, k, due
-                await sleep_until(self.t0 + due)
+                if k:  # the first turn goes now; think time needs no sub-ms spin
+                    await asyncio.sleep(max(0.0, self.t0 + due - time.perf_counter()))
+                self.progress.sent += 1
                 await self._capped(spec, rec, cap)
                 if not rec.ok or self._stopped:
                     return
@@ -292,11 +294,12 @@ class LoadRunner:
         self._unfinished[rid] = rec
         return rec
 
-    def _launch(self, coro) -> None:
+    def _launch(self, coro, requests: int = 1) -> None:
+        """`requests`: how many this task sends now (a conversation counts its turns as sent)."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        self.progress.sent += 1
+        self.progress.sent += requests
 
     async def _send(
         self,
