@@ -90,6 +90,13 @@ LOAD_KEYS = (
     "num_prefix_groups",
     "ignore_eos",
     "slo",
+    "ramp_up_strategy",
+    "ramp_up_start_rps",
+    "ramp_up_end_rps",
+    "n",
+    "turns",
+    "think_time",
+    "classes",
 )
 
 

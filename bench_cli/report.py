@@ -419,24 +419,22 @@ def describe_run(summary: dict[str, Any], name: str) -> str:
     the config the run wrote."""
     cfg = summary.get("config", {})
     run, target, engine = cfg.get("run", {}), cfg.get("target", {}), cfg.get("engine") or {}
-    if run.get("classes"):
-        load = "; ".join(
-            f"{c['name']} {c['arrival']} {float(c['rate']):g} req/s" for c in run["classes"]
-        )
-    elif run.get("arrival") == "trace":
-        load = f"trace {Path(run.get('trace') or '').name} x{run.get('time_scale', 1):g}"
-    elif run.get("rate") is None and run.get("concurrency"):
-        load = f"closed loop, concurrency {run['concurrency']}"
-    else:
-        load = f"{run.get('arrival', '?')} {float(run.get('rate') or 0):g} req/s"
-        load += f", cap {run['concurrency']}" if run.get("concurrency") else ""
-    if run.get("num_requests"):
-        amount = f"{run['num_requests']} requests"
+    # bench run writes the load in words (run_command._load_text); older folders: the rate
+    rate = f"{float(run['rate']):g} req/s" if run.get("rate") is not None else "arrivals"
+    load = cfg.get("load") or f"{run.get('arrival', '?')} {rate}"
+    classes = run.get("classes") or []
+    count = sum(c.get("num_requests") or 0 for c in classes) or run.get("num_requests")
+    if count:
+        amount = f"{count} requests"
         amount += f" after {run['warmup']} warm-up" if run.get("warmup") else ""
     else:
         amount = f"{run['duration']:g} s" if run.get("duration") else ""
-    source = f"dataset {Path(run['dataset']).name}" if run.get("dataset") else ""
-    lengths = source or f"input {run.get('input_len')} tokens, output {run.get('output_len')}"
+    if run.get("dataset"):
+        lengths = f"dataset {Path(run['dataset']).name}"
+    elif classes or run.get("input_len") is None:  # each class's own, or a trace's
+        lengths = ""
+    else:
+        lengths = f"input {run['input_len']} tokens, output {run.get('output_len') or 128}"
     kind = target.get("kind", "")
     if kind.startswith("bundled"):
         sched = engine.get("scheduler", {})

@@ -94,6 +94,7 @@ def run_one(
     for note in built.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
+    config["load"] = _load_text(cfg)  # in words, for the report's subtitle
     server: LocalServer | None = None
     try:
         if cfg.base_url:

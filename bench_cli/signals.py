@@ -29,6 +29,8 @@ RULES = (
     ("running", "running", "requests", "requests in the engine"),
     ("waiting", "waiting", "requests", "requests in the engine"),
     ("preemptions", "preempted so far", "requests", "requests in the engine"),
+    ("prefix_cache_queries", "prefix cache lookups", "tokens", "prefix cache (tokens so far)"),
+    ("prefix_cache_hits", "prefix cache hits", "tokens", "prefix cache (tokens so far)"),
 )
 
 

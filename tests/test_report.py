@@ -189,3 +189,5 @@ def test_gpu_signals_get_their_units() -> None:
     assert signal("gpu0_sm_clock_mhz") == Signal("gpu0 SM clock", "MHz", "clock (MHz)")
     assert signal("gpu1_power_w").axis == "power (W)"
     assert signal("gpu0_memory_used_mb").axis == signal("server_rss_mb").axis == "memory (MB)"
+    hits, asked = signal("engine_prefix_cache_hits"), signal("engine_prefix_cache_queries")
+    assert hits.axis == asked.axis == "prefix cache (tokens so far)" and hits.unit == "tokens"
