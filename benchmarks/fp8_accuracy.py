@@ -1,6 +1,6 @@
 """What FP8 costs in accuracy: the model in its own dtype vs fp8 weights, fp8 KV cache, both.
 
-For each variant: perplexity of benchmarks/data/fp8_eval.txt (computed through the engine's
+For each variant: perplexity of bench_cli/claims/data/heldout.txt (computed through the engine's
 paged cache in 256-token chunks, so later chunks read earlier K/V back from the cache), mean
 KL divergence of its next-token distributions from the baseline's, top-1 agreement with the
 baseline, and how many greedy tokens it generates identically to the baseline on chat prompts.
@@ -24,7 +24,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.ops.fp8 import FP8_MAX
 
-EVAL_TEXT = Path(__file__).parent / "data" / "fp8_eval.txt"
+EVAL_TEXT = Path(__file__).parents[1] / "bench_cli" / "claims" / "data" / "heldout.txt"
 CHAT_PROMPTS = [
     "What is the capital of France, and what is it famous for?",
     "Write a Python function that reverses a linked list.",
