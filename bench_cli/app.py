@@ -387,6 +387,33 @@ def sweep(
 
 
 @app.command()
+def claims(
+    quick: Annotated[
+        bool,
+        Opt("--quick", help="the tiny random model and small loads: tests the machinery (~5 min)"),
+    ] = False,
+    only: Annotated[str | None, Opt(help="claims to run by id or number, e.g. 1,3,7b")] = None,
+    model: Annotated[
+        str | None, Opt(help="bundled model (default smollm2-135m; quick: tiny)")
+    ] = None,
+    base_url: Annotated[
+        str | None, Opt(help="a server for the claims about servers (4); the rest need ours")
+    ] = None,
+    out: Annotated[str | None, Opt(help="claims folder (default results/<time>-claims)")] = None,
+    resume: Annotated[str | None, Opt(help="a claims folder: skip its finished claims")] = None,
+    no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
+) -> None:
+    """Measure the serving folklore on this machine: paging, continuous batching, chunked
+    prefill, the engine vs naive serving, FP8, fused kernels, sharing and priority. Each claim
+    is an ordinary sweep in its own folder; prints claim, what the brief says, what was
+    measured and a verdict, and writes claims.json and claims.html."""
+    from bench_cli.claims.runner import run_claims
+
+    code = run_claims(only, quick, model, base_url, out, resume, not no_dashboard, console)
+    raise typer.Exit(code)
+
+
+@app.command()
 def gate(
     current: Annotated[str, typer.Argument(help="run or sweep folder (or summary.json) to judge")],
     baseline: Annotated[str | None, Opt(help="run or sweep folder to compare with")] = None,

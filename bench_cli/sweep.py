@@ -174,7 +174,7 @@ class Sweep:
 
 
 def run_sweep(
-    profile: str,
+    profile: str | dict[str, Any],
     flags: dict[str, Any],
     repeat: int,
     resume: str | None,

@@ -31,10 +31,15 @@ class SweepPoint:
         return f"p{self.index:02d}-" + re.sub(r"[^A-Za-z0-9_.-]+", "", slug)[:80]
 
 
-def load_sweep(profile: str, required: bool = True) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+def load_sweep(
+    profile: str | dict[str, Any], required: bool = True
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """A profile's plain keys and its sweep axes (none, when not `required`: `--rates` gives
-    the load of a profile without a [sweep] table)."""
-    data = load_profile(profile)
+    the load of a profile without a [sweep] table). `profile`: a name, a path, or the keys
+    themselves (`bench claims` builds its sweeps in code)."""
+    data = dict(profile) if isinstance(profile, dict) else load_profile(profile)
+    if isinstance(profile, dict):
+        profile = str(data.get("name", "sweep"))
     axes = data.pop("sweep", None)
     if not axes and not required:
         return data, {}

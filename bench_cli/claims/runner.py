@@ -1,0 +1,125 @@
+"""Run the selected claims, one folder each under the claims folder, each an ordinary sweep
+(plus, for some, one measurement beside it); judge each as soon as it finishes and rewrite
+claims.json, so an interrupted run keeps every finished claim and `--resume` skips them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from bench_cli.claims.catalog import select
+from bench_cli.claims.claim import Claim, Scale
+from bench_cli.claims.evidence import read_sweep
+from bench_cli.claims.verdict import Finding, unmeasurable
+from bench_cli.export import environment, run_dir, write_json
+
+
+def run_claims(
+    only: str | None,
+    quick: bool,
+    model: str | None,
+    base_url: str | None,
+    out: str | None,
+    resume: str | None,
+    dashboard: bool,
+    console: Console,
+) -> int:
+    from bench_cli.claims.output import print_table, write_html
+
+    try:
+        claims = select(only)
+        scale = Scale.of(quick, model, base_url)
+        folder = Path(resume) if resume else run_dir(out, "claims")
+        record = _start(folder, scale, claims, resume is not None)
+    except (ValueError, OSError) as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        return 2
+    todo = [c for c in claims if c.id not in record["findings"]]
+    minutes = sum(c.minutes[0 if quick else 1] for c in todo if _runs(c, scale))
+    console.print(
+        f"bench claims: {len(claims)} claims ({len(claims) - len(todo)} done before) on "
+        f"{scale.model}{' (quick)' if quick else ''}, about {minutes:.0f} min on a 2-core "
+        f"CPU -> {folder}/",
+        highlight=False,
+    )
+    code = 0
+    for k, claim in enumerate(todo, 1):
+        console.rule(escape(f"claim {claim.id} ({k}/{len(todo)}): {claim.title}"))
+        result = _run_claim(claim, scale, folder / f"{claim.id}-{claim.slug}", dashboard, console)
+        if isinstance(result, int):  # interrupted: keep what finished
+            code = result
+            break
+        record["findings"][claim.id] = result.to_dict()
+        write_json(folder / "claims.json", record)
+        said = result.measured if result.measured != "-" else result.why
+        console.print(f"  {result.verdict}: {escape(said)}", highlight=False)
+    findings = {
+        c.id: Finding.from_dict(record["findings"][c.id])
+        for c in claims
+        if c.id in record["findings"]
+    }
+    print_table(console, claims, findings, scale)
+    write_html(folder, claims, findings, record)
+    console.print(f"claims: {folder}/claims.json and claims.html", highlight=False)
+    return code
+
+
+def _runs(claim: Claim, scale: Scale) -> bool:
+    return claim.missing is None and (scale.base_url is None or claim.about_server)
+
+
+def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> dict[str, Any]:
+    """claims.json as it stands: the thresholds every verdict will use, written before anything
+    runs; on --resume, the findings so far (from a run at the same scale only)."""
+    record: dict[str, Any] = {
+        "quick": scale.quick,
+        "model": scale.model,
+        "base_url": scale.base_url,
+        "thresholds": {c.id: c.thresholds for c in claims},
+        "environment": environment(),
+        "findings": {},
+    }
+    if resuming:
+        try:
+            before = json.loads((folder / "claims.json").read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--resume {folder}: not a claims folder ({e})") from e
+        changed = [k for k in ("quick", "model", "base_url") if before.get(k) != record[k]]
+        if changed:
+            raise ValueError(f"--resume {folder}: it ran with other {', '.join(changed)}")
+        record["findings"] = {
+            k: v for k, v in before["findings"].items() if k in record["thresholds"]
+        }
+    write_json(folder / "claims.json", record)
+    return record
+
+
+def _run_claim(
+    claim: Claim, scale: Scale, folder: Path, dashboard: bool, console: Console
+) -> Finding | int:
+    """The claim's finding, or the exit code of a sweep that was interrupted."""
+    from bench_cli.sweep import run_sweep
+
+    if claim.missing:
+        return unmeasurable(claim.missing)
+    if scale.base_url and not claim.about_server:
+        return unmeasurable("it sets engine settings: run it on the bundled engine (no --base-url)")
+    assert claim.sweep is not None and claim.judge is not None
+    folder.mkdir(parents=True, exist_ok=True)
+    measured = folder / "measured.json"
+    if claim.measure is not None and not measured.is_file():
+        with console.status(f"claim {claim.id}: measuring ..."):
+            write_json(measured, claim.measure(scale))
+    sweep_dir = folder / "sweep"
+    resume = str(sweep_dir) if (sweep_dir / "sweep.json").is_file() else None
+    flags = {"out": str(sweep_dir), "name": claim.slug}
+    code = run_sweep(claim.sweep(scale), flags, 1, resume, dashboard, console)
+    if code >= 128:  # interrupted (128 + the signal)
+        return code
+    if code != 0:
+        return unmeasurable(f"its sweep failed (exit {code}): see {sweep_dir}")
+    return claim.judge(read_sweep(sweep_dir), scale, folder)
