@@ -4,6 +4,7 @@ and claims.html, one page with each claim's evidence drawn, offline."""
 from __future__ import annotations
 
 import html
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,14 @@ COLOURS = {HOLDS: "#1a7f37", PARTLY: "#9a6700", FAILS: "#cf222e"}
 
 
 def print_table(
-    console: Console, claims: list[Claim], findings: dict[str, Finding], scale: Scale
+    console: Console,
+    claims: list[Claim],
+    findings: dict[str, Finding],
+    scale: Scale,
+    env: dict[str, Any],
 ) -> None:
     title = f"Claims measured here ({scale.model}{', quick' if scale.quick else ''})"
-    table = Table(title=title, show_lines=True)
+    table = Table(title=title, caption=escape(machine(env)), show_lines=True)
     for name, ratio in (("claim", 1), ("the brief says", 3), ("measured here", 4), ("verdict", 1)):
         table.add_column(name, ratio=ratio, overflow="fold")
     for c in claims:
@@ -68,8 +73,7 @@ def write_html(
                 first = False
         body.append(f"<p class='dim'>folder: {html.escape(f'{c.id}-{c.slug}/')}</p>")
         sections.append("<section>" + "".join(body) + "</section>")
-    env = record.get("environment") or {}
-    stamp = ", ".join(f"{k}: {v}" for k, v in env.items() if not isinstance(v, dict | list))
+    stamp = machine(record.get("environment") or {})
     scale = (
         f"{record['model']}{' (quick: tiny random model, not evidence)' if record['quick'] else ''}"
     )
@@ -85,6 +89,18 @@ def write_html(
         f"Machine: {html.escape(stamp)}</p>{''.join(sections)}</body></html>"
     )
     return out
+
+
+def machine(env: dict[str, Any]) -> str:
+    """The environment stamp in words: where these numbers come from."""
+    hw, versions = env.get("hardware") or {}, env.get("versions") or {}
+    gpus = ", ".join(g["name"] for g in hw.get("gpus") or []) or "no GPU"
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(env.get("created_at") or 0))
+    return (
+        f"{hw.get('cpu')} ({hw.get('cpu_count')} cores, {hw.get('memory_gb')} GiB), {gpus}; "
+        f"{hw.get('platform')}; Python {env.get('python')}, torch {versions.get('torch')}; "
+        f"servebench {str(env.get('git_commit'))[:10]}; {when} UTC"
+    )
 
 
 def _parts_table(f: Finding) -> str:

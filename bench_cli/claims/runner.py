@@ -62,7 +62,7 @@ def run_claims(
         for c in claims
         if c.id in record["findings"]
     }
-    print_table(console, claims, findings, scale)
+    print_table(console, claims, findings, scale, record["environment"])
     write_html(folder, claims, findings, record)
     console.print(f"claims: {folder}/claims.json and claims.html", highlight=False)
     return code
