@@ -231,6 +231,13 @@ def run(
     in_process: Annotated[
         bool | None, Opt(help="bundled engine in this process, no HTTP (quick runs)")
     ] = None,
+    naive_batch: Annotated[
+        int | None,
+        Opt(
+            help="the naive baseline instead of our engine: transformers generate in this "
+            "process, static batches of N (1: one request at a time); needs transformers"
+        ),
+    ] = None,
     arrival: Annotated[str | None, Opt(help="poisson | gamma | constant | trace")] = None,
     rate: Annotated[float | None, Opt(help="requests per second (open loop)")] = None,
     burstiness: Annotated[float | None, Opt(help="gamma shape: 1 Poisson, < 1 burstier")] = None,

@@ -54,6 +54,8 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     target = cfg.base_url or f"bundled {cfg.model}"
+    if cfg.naive_batch is not None:
+        target = f"{cfg.model}, transformers generate, static batches of {cfg.naive_batch}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     console.print(f"results: {escape(str(out_dir))}/", highlight=False)
     code = exit_code(summary)
@@ -99,6 +101,8 @@ def run_one(
     try:
         if cfg.base_url:
             target = Target.external(cfg.base_url)
+        elif cfg.naive_batch is not None:  # the baseline: no server, no engine
+            target = Target.naive(cfg.naive_batch)
         elif cfg.in_process:
             target = Target.in_process()
         else:
@@ -113,6 +117,15 @@ def run_one(
         config["target"] = target.describe()
         if cfg.in_process:
             config["engine"] = backend.engine_info()  # type: ignore[attr-defined]
+        elif cfg.naive_batch is not None:
+            config["naive"] = backend.info()  # type: ignore[attr-defined]
+            if ignored := config["naive"]["ignored_engine_settings"]:
+                names = ", ".join(f"--{k.replace('_', '-')}" for k in ignored)
+                console.print(
+                    f"[yellow]note:[/] the naive baseline has no scheduler or KV cache: "
+                    f"{escape(names)} ignored",
+                    highlight=False,
+                )
         write_json(out_dir / "config.json", config | environment())
         view = _live_view(cfg, console) if dashboard else None
         summary, outcome = measure(cfg, built, backend, target, out_dir, view)

@@ -47,10 +47,11 @@ class Target:
     """Where the load goes (an API root, or None: the bundled engine in this process) and
     what can be watched of it: a process (CPU, RSS) and a Prometheus /metrics page."""
 
-    kind: str  # external | bundled | bundled-in-process
+    kind: str  # external | bundled | bundled-in-process | naive-in-process
     base_url: str | None = None
     pid: int | None = None
     metrics_url: str | None = None
+    server: str | None = None  # in words, where the kind does not say it all
 
     @classmethod
     def external(cls, base_url: str) -> Target:
@@ -67,9 +68,17 @@ class Target:
     def in_process(cls) -> Target:
         return cls("bundled-in-process", None, os.getpid(), None)
 
+    @classmethod
+    def naive(cls, batch: int) -> Target:
+        """The naive baseline: transformers in this process (its CPU and RSS; no gauges)."""
+        from loadgen.naive_backend import describe
+
+        return cls("naive-in-process", None, os.getpid(), None, describe(batch))
+
     def describe(self) -> dict[str, Any]:
         """For config.json."""
-        return {"kind": self.kind} | ({"base_url": self.base_url} if self.base_url else {})
+        out = {"kind": self.kind} | ({"base_url": self.base_url} if self.base_url else {})
+        return out | ({"server": self.server} if self.server else {})
 
 
 @dataclass(slots=True)
@@ -193,10 +202,17 @@ def probe_of(spec: RequestSpec) -> RequestSpec:
 
 
 def connect(cfg: RunConfig, target: Target, tokenizer: Any) -> Backend:
-    """The backend for a target: streaming HTTP, or the bundled engine built from
-    `cfg.engine` in this process."""
+    """The backend for a target: streaming HTTP, the bundled engine built from
+    `cfg.engine` in this process, or the naive transformers baseline (`cfg.naive_batch`)."""
     from loadgen.backends import InProcessBackend, OpenAIBackend
 
+    if target.kind == "naive-in-process":
+        from loadgen.naive_backend import NaiveBackend
+
+        assert cfg.model is not None and cfg.naive_batch is not None
+        return NaiveBackend(
+            cfg.model, cfg.naive_batch, cfg.endpoint, cfg.ignore_eos, cfg.sampling(), **cfg.engine
+        )
     if target.base_url is None:
         assert cfg.model is not None
         return InProcessBackend.from_engine_args(

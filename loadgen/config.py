@@ -43,6 +43,9 @@ class RunConfig:
     tokenizer: str | None = None
     api_key: str | None = None
     in_process: bool = False  # bundled engine without HTTP
+    # serve in this process with transformers generate, static batches of this size (1: one
+    # request at a time): the naive baseline `bench claims` compares the engine with
+    naive_batch: int | None = None
     engine: dict[str, Any] = field(default_factory=dict)
     # arrivals
     arrival: str = "poisson"
@@ -189,6 +192,8 @@ class RunConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1 and self.top_k != -1:
             raise ValueError(f"top_k must be >= 1 (or -1: off), got {self.top_k}")
+        if self.naive_batch is not None:
+            self._validate_naive()
         if self.in_process and (self.headers or self.extra_body):
             raise ValueError("--header and --extra-body go over HTTP: not with --in-process")
         for key in ("input_len", "output_len"):
@@ -215,6 +220,30 @@ class RunConfig:
                 raise ValueError(f"{flag} cannot go with traffic classes (--class / [[class]])")
         if self.n > 1:
             raise ValueError("--n cannot go with traffic classes: give each class its own n")
+
+    def _validate_naive(self) -> None:
+        """The naive baseline serves the bundled model itself, one completion a prompt; of
+        the engine settings it honours dtype, device, seed and max_model_len, refuses those
+        that change the model's arithmetic and ignores the scheduler's and cache's (config.json
+        lists them), so a sweep can put it beside engine points of the same profile."""
+        from loadgen.naive_backend import check_engine_settings
+
+        assert self.naive_batch is not None
+        if isinstance(self.naive_batch, bool) or not isinstance(self.naive_batch, int):
+            raise ValueError(f"naive batch must be a whole number, got {self.naive_batch!r}")
+        if self.naive_batch < 1:
+            raise ValueError(f"naive batch must be >= 1 request, got {self.naive_batch}")
+        for given, flag in ((self.base_url, "--base-url"), (self.in_process, "--in-process")):
+            if given:
+                raise ValueError(
+                    f"--naive-batch serves the model in this process with transformers: "
+                    f"it cannot go with {flag}"
+                )
+        if self.n > 1 or any(c.n > 1 for c in self.classes):
+            raise ValueError("--naive-batch generates one completion a prompt: not with --n > 1")
+        if self.headers or self.extra_body:
+            raise ValueError("--header and --extra-body go over HTTP: not with --naive-batch")
+        check_engine_settings(self.engine)
 
     def sampling(self) -> dict[str, Any]:
         """The sampling fields of each request body, as the OpenAI API (and vLLM) names them."""
