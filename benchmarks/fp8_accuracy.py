@@ -1,9 +1,10 @@
 """What FP8 costs in accuracy: the model in its own dtype vs fp8 weights, fp8 KV cache, both.
 
-For each variant: perplexity of bench_cli/claims/data/heldout.txt (computed through the engine's
-paged cache in 256-token chunks, so later chunks read earlier K/V back from the cache), mean
-KL divergence of its next-token distributions from the baseline's, top-1 agreement with the
-baseline, and how many greedy tokens it generates identically to the baseline on chat prompts.
+For each variant: perplexity of the held-out text bench_cli/claims/data/heldout.txt, mean KL
+divergence of its next-token distributions from the baseline's and top-1 agreement with the
+baseline (all from bench_cli.claims.accuracy: through the engine's paged cache in 256-token
+chunks, so later chunks read earlier K/V back from the cache), and how many greedy tokens it
+generates identically to the baseline on chat prompts.
 
     python benchmarks/fp8_accuracy.py [--model smollm2-135m] [--dtype auto] [--scale-study]
 
@@ -15,16 +16,16 @@ differ only by which values happen to round which way."""
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from bench_cli.claims.accuracy import CHUNK, heldout_text, metrics, score
 from engine import LLM, SamplingParams
 from engine.ops.fp8 import FP8_MAX
 
-EVAL_TEXT = Path(__file__).parents[1] / "bench_cli" / "claims" / "data" / "heldout.txt"
 CHAT_PROMPTS = [
     "What is the capital of France, and what is it famous for?",
     "Write a Python function that reverses a linked list.",
@@ -35,7 +36,6 @@ CHAT_PROMPTS = [
     "Summarize the plot of Romeo and Juliet in two sentences.",
     "How do I make a cup of green tea?",
 ]
-CHUNK = 256
 GEN_TOKENS = 64
 
 
@@ -57,12 +57,9 @@ SCALE_STUDY = [
 ]
 
 
-def evaluate(llm: LLM, ids: list[int], prompts: list[str]) -> tuple[torch.Tensor, list[list[int]]]:
-    logprobs = llm.llm_engine.prompt_logits(ids, CHUNK).log_softmax(-1)
-    outs = llm.generate(
-        prompts, SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True)
-    )
-    return logprobs, [list(o.outputs[0].token_ids) for o in outs]
+def greedy(llm: LLM, prompts: list[str]) -> list[list[int]]:
+    params = SamplingParams(max_tokens=GEN_TOKENS, temperature=0.0, ignore_eos=True)
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -101,16 +98,14 @@ def main() -> None:
         llm = LLM(args.model, dtype=args.dtype, max_num_batched_tokens=CHUNK, **kwargs)
         tok = llm.get_tokenizer()
         assert tok is not None, "the accuracy benchmark needs a model with a tokenizer"
-        ids = tok.encode(EVAL_TEXT.read_text())
+        ids = tok.encode(heldout_text())
         prompts = [tok.apply_chat_template([{"role": "user", "content": p}]) for p in CHAT_PROMPTS]
         if adjust is not None:
             adjust(llm)
-        lp, gen = evaluate(llm, ids, prompts)
-        nll = -lp[:-1].gather(1, torch.tensor(ids[1:])[:, None]).mean().item()
+        lp, gen = score(llm, ids), greedy(llm, prompts)
         if base_lp is None:
             base_lp, base_gen = lp, gen
-        kl = (base_lp.exp() * (base_lp - lp)).sum(-1).mean().item()
-        top1 = (base_lp.argmax(-1) == lp.argmax(-1)).float().mean().item()
+        acc = metrics(lp, ids, base_lp)
         match = [common_prefix(g, b) for g, b in zip(gen, base_gen, strict=True)]
         e = llm.llm_engine
         rows.append(
@@ -119,16 +114,17 @@ def main() -> None:
                 e.config.dtype,
                 e.config.cache.kv_cache_dtype,
                 e.weight_bytes / 2**20,
-                torch.exp(torch.tensor(nll)).item(),
-                kl,
-                top1,
+                acc["perplexity"],
+                acc["mean_kl"],
+                acc["top1_agreement"],
                 sum(match) / len(match),
                 sum(m == GEN_TOKENS for m in match),
                 time.perf_counter() - t0,
             )
         )
         print(f"  {label}: done in {rows[-1][-1]:.0f} s", flush=True)
-        del llm
+        del llm, e
+        gc.collect()
 
     print(
         f"\n{args.model}, eval text {len(ids)} tokens in {CHUNK}-token chunks, "

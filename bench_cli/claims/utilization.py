@@ -1,0 +1,303 @@
+"""Claim 6, "Fused kernels raise compute utilization from 30 % to over 65 % of peak FLOPS":
+achieved FLOP/s and bytes/s of each engine step (a run folder's steps.jsonl) against the peak
+of this device, measured (MFU: model FLOPs utilization; MBU: model bandwidth utilization)."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from engine.config import ModelConfig
+from engine.model.sources import TINY_CONFIGS, resolve_model_path
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Weights of the transformer's linears (Q, K, V, O, gate, up, down): every token multiplies
+    by each once. Embeddings, norms and the LM head are not counted."""
+    q = cfg.num_heads * cfg.head_dim
+    kv = cfg.num_kv_heads * cfg.head_dim
+    attn = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
+    return cfg.num_layers * (attn + 3 * cfg.hidden_size * cfg.intermediate_size)
+
+
+def step_cost(
+    cfg: ModelConfig,
+    tokens: int,
+    context_tokens: int,
+    weight_bytes_per_param: float,
+    kv_bytes_per_elem: float,
+    sampled_rows: int = 1,
+    head_bytes_per_param: float | None = None,
+) -> tuple[float, float]:
+    """Analytic (FLOPs, bytes moved) of one engine step, the usual accounting of the PaLM paper's
+    MFU appendix (6N per trained token, 2N per inferred one, plus attention) and kipply's
+    "Transformer inference arithmetic" (a step reads every weight once, and the KV it attends to):
+
+    FLOPs = 2 x matmul_params x tokens + 2 x hidden x vocab x sampled_rows (LM head)
+            + 4 x layers x heads x head_dim x context_tokens (QK^T and PV, 2 FLOPs a MAC each)
+    bytes = matmul_params x weight_bytes_per_param + vocab x hidden x head_bytes_per_param (if any
+            row is sampled) + KV bytes/token x (context_tokens read + tokens written)
+
+    `tokens`: tokens computed in the step (prefill + decode); `context_tokens`: the sum over the
+    step's requests of the KV length attention reads. The attention term is exact for decodes
+    (one query per request); for a prefill chunk of n tokens each query reads its own prefix, so
+    the true count is up to n times more: prefill attention FLOPs here are a lower bound.
+    `sampled_rows`: rows through the LM head (the engine samples one per request that reaches
+    its last computed token; callers without that count pass the number of sequences, an upper
+    bound). `head_bytes_per_param` (default: `weight_bytes_per_param`): the engine's fp8 keeps
+    the LM head in the model dtype. Activations, norms and embedding lookups are left out."""
+    head_bytes = weight_bytes_per_param if head_bytes_per_param is None else head_bytes_per_param
+    params = matmul_params(cfg)
+    head = cfg.hidden_size * cfg.vocab_size
+    flops = (
+        2.0 * params * tokens
+        + 2.0 * head * sampled_rows
+        + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context_tokens
+    )
+    kv_token_bytes = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * kv_bytes_per_elem
+    moved = (
+        params * weight_bytes_per_param
+        + (head * head_bytes if sampled_rows else 0.0)
+        + kv_token_bytes * (context_tokens + tokens)
+    )
+    return flops, moved
+
+
+def _best_time(fn: Any, sync: Any, repeats: int) -> float:
+    fn()  # warm-up: allocation, thread pool, kernel selection
+    sync()
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_peak(
+    device: str = "cpu", dtype: torch.dtype = torch.float32, n: int | None = None, repeats: int = 5
+) -> dict[str, Any]:
+    """The achievable peak of this device, measured in a few seconds: dense matmul FLOP/s
+    (best of `repeats` square torch.matmul of side n: 2n^3 FLOPs) and memory bandwidth (best of
+    `repeats` copies of a 256 MiB tensor on CUDA, 64 MiB on CPU: bytes read + written per s).
+
+    A CPU has no spec-sheet peak to divide by, so here "peak" is the best torch matmul and copy
+    this machine does now (with torch's current thread count): utilization is relative to that,
+    not to a vendor number, and a busy machine lowers peak and achieved alike. On CUDA the
+    same measurement is also below the spec sheet (typically 70-90 % of it for matmul).
+    Returns peak_flops (FLOP/s), peak_bytes_per_s, matmul_n, device, dtype, threads."""
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    n = n or (8192 if cuda else 1024)
+    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
+    a = torch.randn(n, n, device=dev).to(dtype)
+    b = torch.randn(n, n, device=dev).to(dtype)
+    t_mm = _best_time(lambda: torch.matmul(a, b), sync, repeats)
+    elems = (256 if cuda else 64) * 2**20 // 4
+    src = torch.ones(elems, device=dev, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    t_copy = _best_time(lambda: dst.copy_(src), sync, repeats)
+    return {
+        "peak_flops": 2.0 * n**3 / t_mm,
+        "peak_bytes_per_s": 2.0 * src.numel() * src.element_size() / t_copy,
+        "matmul_n": n,
+        "device": str(dev),
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not sorted_values:
+        return math.nan
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def _summary(rows: list[tuple[float, float, float]], peak: dict[str, Any]) -> dict[str, float]:
+    """rows: (dur_s, flops, bytes) per step; time-weighted rates = totals / total time."""
+    time_s = sum(r[0] for r in rows)
+    flops = sum(r[1] for r in rows)
+    moved = sum(r[2] for r in rows)
+    mfu = sorted(r[1] / r[0] / peak["peak_flops"] for r in rows)
+    flops_per_s = flops / time_s if time_s > 0 else math.nan
+    bytes_per_s = moved / time_s if time_s > 0 else math.nan
+    return {
+        "steps": len(rows),
+        "time_s": time_s,
+        "flops": flops,
+        "bytes": moved,
+        "flops_per_s": flops_per_s,
+        "bytes_per_s": bytes_per_s,
+        "mfu": flops_per_s / peak["peak_flops"],
+        "mbu": bytes_per_s / peak["peak_bytes_per_s"],
+        "mfu_mean": sum(mfu) / len(mfu) if mfu else math.nan,
+        "mfu_p50": _percentile(mfu, 0.5),
+        "mfu_p90": _percentile(mfu, 0.9),
+    }
+
+
+def utilization(
+    steps_path: Path,
+    cfg: ModelConfig,
+    peak: dict[str, Any],
+    weight_bytes_per_param: float,
+    kv_bytes_per_elem: float,
+    skip_first: int = 5,
+    block_size: int = 16,
+    head_bytes_per_param: float | None = None,
+) -> dict[str, Any]:
+    """Achieved FLOP/s and bytes/s of the engine steps in `steps_path` (steps.jsonl), against
+    `peak` (measure_peak's dict): time-weighted over steps (total FLOPs / total step time), so
+    long steps count for their time; MFU = FLOP/s / peak_flops, MBU = bytes/s / peak_bytes_per_s;
+    mean, p50 and p90 of per-step MFU. Keys "all", "decode" (steps with no prefill token) and
+    "prefill" (steps with any), each as _summary gives, plus how the context was counted.
+
+    The first `skip_first` steps with work are left out: the first steps of a run pay for
+    torch.compile, allocation and cold caches. Steps with no token or no duration are left out.
+    Without a step's `context_tokens`, it is approximated by kv_blocks_used x block_size: every
+    block held then (running requests, and cached blocks still counted as used), whole blocks,
+    so an upper bound on what attention reads. Each scheduled sequence is assumed to pass one row
+    through the LM head (a prefill chunk that does not end its prompt passes none)."""
+    rows: dict[str, list[tuple[float, float, float]]] = {"all": [], "decode": [], "prefill": []}
+    approximated = seen = 0
+    with open(steps_path) as f:
+        for line in f:
+            if not line.strip():
+                continue
+            step = json.loads(line)
+            tokens = step.get("prefill_tokens", 0) + step.get("decode_tokens", 0)
+            dur = step.get("dur_s", 0.0)
+            if tokens <= 0 or dur <= 0:
+                continue
+            seen += 1
+            if seen <= skip_first:
+                continue
+            context = step.get("context_tokens")
+            if context is None:
+                approximated += 1
+                context = step.get("kv_blocks_used", 0) * block_size
+            flops, moved = step_cost(
+                cfg,
+                tokens,
+                context,
+                weight_bytes_per_param,
+                kv_bytes_per_elem,
+                sampled_rows=step.get("seqs", 1),
+                head_bytes_per_param=head_bytes_per_param,
+            )
+            rows["all"].append((dur, flops, moved))
+            rows["prefill" if step.get("prefill_tokens", 0) else "decode"].append(
+                (dur, flops, moved)
+            )
+    out: dict[str, Any] = {kind: _summary(r, peak) for kind, r in rows.items()}
+    out["skipped_warmup_steps"] = min(seen, skip_first)
+    out["context_approximated_steps"] = approximated
+    out["peak_flops"] = float(peak["peak_flops"])
+    out["peak_bytes_per_s"] = float(peak["peak_bytes_per_s"])
+    return out
+
+
+# ---- a model's shape without its weights -------------------------------------------------
+
+_GGUF_SCALARS = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
+
+
+def model_config(name: str) -> ModelConfig:
+    """The shape of a model by the names LLM takes (a tiny preset, a packaged model, a .gguf
+    file, a Hugging Face directory), without reading weights or the tokenizer: a GGUF file's
+    header is parsed here directly (gguf's reader parses the vocab too, ~5 s for SmolLM2).
+    Token ids and eos are left at their defaults: only the shape matters here."""
+    if name in TINY_CONFIGS:
+        return TINY_CONFIGS[name]
+    path = resolve_model_path(name)
+    if path.is_dir():
+        hf = json.loads((path / "config.json").read_text())
+        heads = hf["num_attention_heads"]
+        return ModelConfig(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        )
+    meta, tensors = _gguf_header(path)
+    arch = meta.get("general.architecture", "llama")
+    heads = meta[f"{arch}.attention.head_count"]
+    hidden = meta[f"{arch}.embedding_length"]
+    return ModelConfig(
+        vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
+        hidden_size=hidden,
+        intermediate_size=meta[f"{arch}.feed_forward_length"],
+        num_layers=meta[f"{arch}.block_count"],
+        num_heads=heads,
+        num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
+        head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
+        max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
+        tie_word_embeddings="output.weight" not in tensors,
+    )
+
+
+def _gguf_header(path: Path) -> tuple[dict[str, Any], set[str]]:
+    """A GGUF file's scalar and string metadata (an array's value: its length) and its tensor
+    names (format: github.com/ggml-org/ggml/blob/master/docs/gguf.md)."""
+    with open(path, "rb") as f:
+        magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        if magic != b"GGUF" or version < 2:
+            raise ValueError(f"{path}: not a GGUF v2+ file")
+        meta = {}
+        for _ in range(n_kv):
+            key = _gguf_str(f)
+            meta[key] = _gguf_value(f, struct.unpack("<I", f.read(4))[0])
+        names = set()
+        for _ in range(n_tensors):
+            names.add(_gguf_str(f))
+            (n_dims,) = struct.unpack("<I", f.read(4))
+            f.seek(8 * n_dims + 4 + 8, 1)  # dims, type, offset
+    return meta, names
+
+
+def _gguf_str(f: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", f.read(8))
+    return f.read(n).decode("utf-8", errors="replace")
+
+
+def _gguf_value(f: BinaryIO, kind: int) -> Any:
+    if kind == 8:
+        return _gguf_str(f)
+    if kind == 9:  # array: skipped, its length kept
+        elem, count = struct.unpack("<IQ", f.read(12))
+        if elem in _GGUF_SCALARS:
+            f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[elem]), 1)
+        else:
+            for _ in range(count):
+                _gguf_value(f, elem)
+        return count
+    fmt = "<" + _GGUF_SCALARS[kind]
+    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
