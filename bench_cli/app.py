@@ -188,6 +188,13 @@ def serve(
     enforce_eager: EnforceEager = False,
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
+    kv_reservation: Annotated[
+        str,
+        typer.Option(
+            help="paged | max_len (baseline: each request reserves a whole max_model_len "
+            "context at admission, no prefix caching)"
+        ),
+    ] = "paged",
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging

@@ -12,6 +12,7 @@ logger = logging.getLogger(__name__)
 
 Batching = Literal["continuous", "static"]
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8", "fp8_e4m3")
+KVReservation = Literal["paged", "max_len"]
 
 
 @dataclass(slots=True)
@@ -47,6 +48,10 @@ class CacheConfig:
     # Reuse the KV of full blocks whose tokens (and every token before them) match a
     # computed block still in the pool; on by default, as in vLLM v1.
     enable_prefix_caching: bool = True
+    # paged: blocks as tokens arrive. max_len: the baseline of a contiguous allocator
+    # (HF/FasterTransformer-era serving): at admission a request reserves the blocks of a whole
+    # max_model_len context and keeps them until it ends; no prefix caching (resolve turns it off).
+    kv_reservation: KVReservation = "paged"
 
 
 @dataclass(slots=True)
@@ -109,6 +114,10 @@ class EngineConfig:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
                 f"got {c.kv_cache_dtype!r}"
             )
+        if c.kv_reservation not in ("paged", "max_len"):
+            raise ValueError(
+                f"kv_reservation must be 'paged' or 'max_len', got {c.kv_reservation!r}"
+            )
         if c.kv_cache_dtype == "fp8_e4m3":
             c.kv_cache_dtype = "fp8"
         if self.quantization == "none":  # a profile's sweep list cannot hold TOML's missing null
@@ -143,6 +152,10 @@ class EngineConfig:
                 self.max_model_len,
                 s.max_num_batched_tokens,
             )
+        if c.kv_reservation == "max_len" and c.enable_prefix_caching:
+            # A contiguous reservation holds its own copy of every token: nothing to share.
+            logger.info("kv_reservation=max_len: prefix caching is off")
+            c.enable_prefix_caching = False
         if c.num_kv_blocks is None:
             block_bytes = c.block_size * model_config.kv_bytes_per_token(kv_dtype_bytes)
             budget_gb = 2.0 if c.kv_cache_memory_gb is None else c.kv_cache_memory_gb
@@ -155,6 +168,14 @@ class EngineConfig:
             by_need = s.max_num_seqs * math.ceil(self.max_model_len / c.block_size)
             c.num_kv_blocks = (
                 by_memory if c.kv_cache_memory_gb is not None else min(by_memory, by_need)
+            )
+        reserved = math.ceil(self.max_model_len / c.block_size)
+        if c.kv_reservation == "max_len" and reserved > c.num_kv_blocks:
+            logger.warning(
+                "kv_reservation=max_len reserves %d KV blocks a request, more than the %d in "
+                "the cache: every request will be refused",
+                reserved,
+                c.num_kv_blocks,
             )
 
     def to_dict(self) -> dict[str, Any]:

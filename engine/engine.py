@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
 
@@ -118,7 +119,10 @@ class LLMEngine:
         self.max_model_len = config.max_model_len
         loaded.model.prepare(self.max_model_len)
         self.kv = KVCacheManager(
-            config.cache.num_kv_blocks, config.cache.block_size, cache.enable_prefix_caching
+            config.cache.num_kv_blocks,
+            config.cache.block_size,
+            cache.enable_prefix_caching,
+            reserve_tokens=self.max_model_len if cache.kv_reservation == "max_len" else 0,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         self.runner = ModelRunner(
@@ -150,6 +154,9 @@ class LLMEngine:
         }
         self._last_step = {"num_tokens": 0, "num_seqs": 0, "time_s": 0.0}
         self._step_log: TextIO | None = None
+        # Called with each request's queue delay (first scheduled - arrival, s) as it is first
+        # scheduled, in the stepping thread: the server's queue-time histogram.
+        self.on_queue_time: Callable[[float], None] | None = None
         self._step_outputs: list[RequestOutput] = []
 
     # ---- requests ----------------------------------------------------------------------
@@ -318,18 +325,23 @@ class LLMEngine:
     def log_steps(self, path: str | Path | None) -> None:
         """Append one JSON line per step to `path` (None: stop): when it started on the
         perf_counter clock (shared by processes on one machine), how long it took, what it
-        computed, and the queues and KV blocks after it. A few microseconds a step."""
+        computed and the KV it read, the queues, KV blocks and KV tokens after it, and the
+        queueing delays of the requests it started. A few microseconds a step."""
         if self._step_log is not None:
             self._step_log.close()
         self._step_log = None if path is None else open(path, "a", buffering=1)  # noqa: SIM115
 
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
+        if self.on_queue_time is not None:
+            for r in out.first_scheduled:
+                self.on_queue_time(r.metrics.first_scheduled_time - r.metrics.arrival_time)
         if out.is_empty:
             return []
         t0 = time.perf_counter()
         if self._step_log is not None:  # before advance(): what each request is doing now
             decode = sum(n for r, n in out.scheduled if r.num_computed_tokens == r.num_tokens - 1)
+            context = sum(r.num_computed_tokens + n for r, n in out.scheduled)
         self._counters["prompt_tokens_computed"] += sum(
             max(0, min(r.num_prompt_tokens, r.num_computed_tokens + n) - r.num_computed_tokens)
             for r, n in out.scheduled
@@ -369,6 +381,16 @@ class LLMEngine:
                 "preempted": len(out.preempted),
                 "cached_tokens": out.cached_tokens,  # admitted from the prefix cache, not computed
                 "prefix_cache_hit_rate": self._hit_rate(),
+                # KV stored for the running batch: computed tokens summed over requests, so
+                # blocks shared (n > 1 siblings' prompt, prefix-cache hits) count once per user
+                # and can push kv_tokens past kv_blocks_used * block_size.
+                "kv_tokens": sum(r.num_computed_tokens for r in self.scheduler.running),
+                # Engine-side queueing of the requests first scheduled in this step.
+                "queue_s": [
+                    r.metrics.first_scheduled_time - r.metrics.arrival_time
+                    for r in out.first_scheduled
+                ],
+                "context_tokens": context,  # KV length the attention reads, summed
             }
             self._step_log.write(json.dumps(line) + "\n")
         self._step_outputs = []

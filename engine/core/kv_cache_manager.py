@@ -2,6 +2,10 @@
 returned the moment a request finishes, is preempted or aborted; with prefix caching a new
 request starts from the longest run of cached full blocks that match its tokens.
 
+With a reservation (`reserve_tokens`, kv_reservation=max_len) a new table takes the blocks of
+that many tokens at once, as a contiguous allocator would: the request's tokens then fill
+blocks it already holds, and all of them return when it ends.
+
 A block's hash covers its own tokens and, through its parent's hash, every token before it:
 equal hashes mean equal keys and values in every layer (the model, dtype and scales are the
 engine's, the same for every block)."""
@@ -28,9 +32,18 @@ def hash_block(parent: BlockHash | None, tokens: list[int]) -> BlockHash:
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        reserve_tokens: int = 0,
+    ) -> None:
+        if reserve_tokens and enable_prefix_caching:
+            raise ValueError("a max_len reservation cannot share blocks: no prefix caching")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.reserve_tokens = reserve_tokens  # >0: what a new table reserves (max_len)
         self.pool = BlockPool(num_blocks)
         self.block_tables: dict[str, list[int]] = {}
         self.peak_blocks_used = 0
@@ -113,6 +126,8 @@ class KVCacheManager:
         computed = computed or []
         table = self.block_tables.get(request_id)
         assert not (computed and table), "cache hits start a table"
+        if table is None:  # max_len: the whole reservation now, never a block later
+            num_tokens = max(num_tokens, self.reserve_tokens)
         have = len(table) if table is not None else len(computed)
         need = max(0, self.blocks_for(num_tokens) - have)
         reclaimed = sum(self.pool.is_free(b) for b in computed)  # hits now in the free queue

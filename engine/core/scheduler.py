@@ -27,6 +27,7 @@ class SchedulerOutput:
     scheduled: list[tuple[Request, int]] = field(default_factory=list)  # (request, new tokens)
     preempted: list[Request] = field(default_factory=list)
     cached_tokens: int = 0  # admitted from the prefix cache this step (not computed)
+    first_scheduled: list[Request] = field(default_factory=list)  # scheduled for the first time
 
     @property
     def num_batched_tokens(self) -> int:
@@ -74,6 +75,13 @@ class Scheduler:
             raise ValueError(
                 f"prompt has {num_prompt_tokens} tokens, more than max_num_batched_tokens="
                 f"{budget}; enable chunked prefill or raise the budget"
+            )
+        reserved = self.kv.blocks_for(self.kv.reserve_tokens)  # 0 unless kv_reservation=max_len
+        if reserved > self.kv.num_blocks:
+            raise ValueError(
+                f"kv_reservation=max_len reserves {reserved} KV blocks a request (a "
+                f"{self.kv.reserve_tokens}-token context); the cache has {self.kv.num_blocks}: "
+                "no request can fit; lower max_model_len or raise num_kv_blocks"
             )
         worst = min(num_prompt_tokens + max_tokens, self.max_model_len)
         if self.kv.blocks_for(worst) > self.kv.num_blocks:
@@ -169,6 +177,7 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         if req.metrics.first_scheduled_time is None:
             req.metrics.first_scheduled_time = time.monotonic()
+            out.first_scheduled.append(req)
         self.running.append(req)
         out.scheduled.append((req, n))
         return "admitted"

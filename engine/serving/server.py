@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -47,6 +47,7 @@ class ServerState:
     ttft_s: Histogram
     requests_total: int = 0
     rejected_total: int = 0
+    queue_time_s: Histogram = field(default_factory=Histogram)  # observed by the engine thread
 
 
 def error_response(err: APIError) -> web.Response:
@@ -301,6 +302,10 @@ async def metrics(request: web.Request) -> web.Response:
     histograms = {
         "step_time_seconds": (engine.step_time_s, "time of one engine step"),
         "time_to_first_token_seconds": (state.ttft_s, "streamed requests' TTFT"),
+        "request_queue_time_seconds": (
+            state.queue_time_s,
+            "time from arrival to first being scheduled, per completion",
+        ),
     }
     text = render_page(gauges, histograms, state.config)
     return web.Response(text=text, content_type="text/plain")
@@ -321,12 +326,15 @@ def build_app(
         "num_kv_blocks": cfg.cache.num_kv_blocks,
         "block_size": cfg.cache.block_size,
         "kv_cache_dtype": cfg.cache.kv_cache_dtype,
+        "kv_reservation": cfg.cache.kv_reservation,
         "quantization": cfg.quantization or "none",
     }
     if engine.engine.tokenizer is not None:
         _ = engine.engine.tokenizer.max_token_chars  # computed once now, not on the event loop
     app[ENGINE_KEY] = engine
-    app[STATE_KEY] = ServerState(model_name, api_key, max_queue, time.time(), flat, Histogram())
+    state = ServerState(model_name, api_key, max_queue, time.time(), flat, Histogram())
+    engine.engine.on_queue_time = state.queue_time_s.observe
+    app[STATE_KEY] = state
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
