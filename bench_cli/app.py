@@ -49,6 +49,13 @@ SchedulingPolicy = Annotated[
 PrefixCaching = Annotated[
     bool, typer.Option(help="reuse the KV of cached prompt prefixes (full 16-token blocks)")
 ]
+KVReservation = Annotated[
+    str,
+    typer.Option(
+        help="paged | max_len (baseline: each request reserves a whole max_model_len context "
+        "at admission, no prefix caching)"
+    ),
+]
 EnforceEager = Annotated[
     bool, typer.Option(help="eager PyTorch only: no compiled CPU decode attention")
 ]
@@ -101,6 +108,7 @@ def generate(
     enforce_eager: EnforceEager = False,
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
+    kv_reservation: KVReservation = "paged",
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -188,13 +196,7 @@ def serve(
     enforce_eager: EnforceEager = False,
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
-    kv_reservation: Annotated[
-        str,
-        typer.Option(
-            help="paged | max_len (baseline: each request reserves a whole max_model_len "
-            "context at admission, no prefix caching)"
-        ),
-    ] = "paged",
+    kv_reservation: KVReservation = "paged",
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -344,6 +346,7 @@ def run(
         bool | None, Opt(help="engine: reuse cached prompt prefixes (default on)")
     ] = None,
     scheduling_policy: Annotated[str | None, Opt(help="engine: fcfs | priority")] = None,
+    kv_reservation: Annotated[str | None, Opt(help="engine: paged | max_len (baseline)")] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""
