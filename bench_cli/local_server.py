@@ -78,12 +78,13 @@ class LocalServer:
         raise ServerStartError(f"the server was not healthy after {timeout_s:.0f} s")
 
     def engine_config(self) -> dict[str, Any] | None:
-        """The server's resolved engine config, with its weight and KV memory under "memory"
-        and the attention path it runs under "decode_attention"."""
+        """The server's resolved engine config, with its weight and KV memory under "memory",
+        the attention path it runs under "decode_attention" and the model's shape under
+        "model_shape"."""
         try:
             with urllib.request.urlopen(f"{self.base_url}/engine/config", timeout=5) as r:
                 body = json.loads(r.read())
-                extra = {k: body.get(k) for k in ("memory", "decode_attention")}
+                extra = {k: body.get(k) for k in ("memory", "decode_attention", "model_shape")}
                 return {**body["engine"], **extra}
         except (urllib.error.URLError, OSError, ValueError, KeyError):
             return None

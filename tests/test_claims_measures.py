@@ -12,7 +12,6 @@ from bench_cli.claims import accuracy
 from bench_cli.claims.utilization import (
     matmul_params,
     measure_peak,
-    model_config,
     step_cost,
     utilization,
 )
@@ -148,24 +147,3 @@ def test_measure_peak_is_positive_and_finite() -> None:
     peak = measure_peak("cpu", n=256, repeats=2)
     for key in ("peak_flops", "peak_bytes_per_s"):
         assert math.isfinite(peak[key]) and peak[key] > 0
-
-
-def test_model_config_reads_tiny_presets_without_loading() -> None:
-    cfg = model_config("tiny-llama")
-    assert (cfg.num_layers, cfg.hidden_size, cfg.vocab_size) == (2, 64, 512)
-
-
-@pytest.mark.slow
-def test_model_config_of_a_gguf_matches_the_loader() -> None:
-    from engine.model.loader import load_model
-
-    loaded = load_model("smollm2-135m", torch.float32, torch.device("cpu")).config
-    cfg = model_config("smollm2-135m")
-    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads"):
-        assert getattr(cfg, field) == getattr(loaded, field)
-    assert (cfg.num_kv_heads, cfg.head_dim, cfg.tie_word_embeddings) == (
-        loaded.num_kv_heads,
-        loaded.head_dim,
-        loaded.tie_word_embeddings,
-    )
-    assert cfg.max_position_embeddings == loaded.max_position_embeddings

@@ -43,15 +43,16 @@ def measure_peak(scale: Scale) -> dict[str, Any]:
 
 
 def judge_fused(points: list[Point], scale: Scale, folder: Path) -> Finding:
-    from bench_cli.claims.utilization import model_config, utilization
+    from bench_cli.claims.utilization import utilization
+    from engine.config import ModelConfig
 
     by = {p.value("attention"): p for p in points}
     if set(by) != set(PATHS):
         return unmeasurable("the sweep did not finish both attention paths")
     peak = json.loads((folder / "measured.json").read_text())
-    cfg = model_config(scale.model)
     figures: dict[str, Any] = {"peak": peak}
     for name, p in by.items():
+        cfg = ModelConfig(**p.engine["model_shape"])  # as the server reported it
         weights = 1 if p.engine.get("quantization") == "fp8" else DTYPE_BYTES[p.engine["dtype"]]
         kv = DTYPE_BYTES[p.engine["cache"]["kv_cache_dtype"]]
         figures[name] = utilization(p.dir / "steps.jsonl", cfg, peak, weights, kv)["all"]

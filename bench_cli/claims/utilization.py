@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
 from engine.config import ModelConfig
-from engine.model.sources import TINY_CONFIGS, resolve_model_path
 
 
 def matmul_params(cfg: ModelConfig) -> int:
@@ -206,98 +204,3 @@ def utilization(
     out["peak_flops"] = float(peak["peak_flops"])
     out["peak_bytes_per_s"] = float(peak["peak_bytes_per_s"])
     return out
-
-
-# ---- a model's shape without its weights -------------------------------------------------
-
-_GGUF_SCALARS = {
-    0: "B",
-    1: "b",
-    2: "H",
-    3: "h",
-    4: "I",
-    5: "i",
-    6: "f",
-    7: "?",
-    10: "Q",
-    11: "q",
-    12: "d",
-}
-
-
-def model_config(name: str) -> ModelConfig:
-    """The shape of a model by the names LLM takes (a tiny preset, a packaged model, a .gguf
-    file, a Hugging Face directory), without reading weights or the tokenizer: a GGUF file's
-    header is parsed here directly (gguf's reader parses the vocab too, ~5 s for SmolLM2).
-    Token ids and eos are left at their defaults: only the shape matters here."""
-    if name in TINY_CONFIGS:
-        return TINY_CONFIGS[name]
-    path = resolve_model_path(name)
-    if path.is_dir():
-        hf = json.loads((path / "config.json").read_text())
-        heads = hf["num_attention_heads"]
-        return ModelConfig(
-            vocab_size=hf["vocab_size"],
-            hidden_size=hf["hidden_size"],
-            intermediate_size=hf["intermediate_size"],
-            num_layers=hf["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=hf.get("num_key_value_heads") or heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-            max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        )
-    meta, tensors = _gguf_header(path)
-    arch = meta.get("general.architecture", "llama")
-    heads = meta[f"{arch}.attention.head_count"]
-    hidden = meta[f"{arch}.embedding_length"]
-    return ModelConfig(
-        vocab_size=meta.get(f"{arch}.vocab_size") or meta["tokenizer.ggml.tokens"],
-        hidden_size=hidden,
-        intermediate_size=meta[f"{arch}.feed_forward_length"],
-        num_layers=meta[f"{arch}.block_count"],
-        num_heads=heads,
-        num_kv_heads=meta.get(f"{arch}.attention.head_count_kv", heads),
-        head_dim=meta.get(f"{arch}.attention.key_length", hidden // heads),
-        max_position_embeddings=meta.get(f"{arch}.context_length", 2048),
-        tie_word_embeddings="output.weight" not in tensors,
-    )
-
-
-def _gguf_header(path: Path) -> tuple[dict[str, Any], set[str]]:
-    """A GGUF file's scalar and string metadata (an array's value: its length) and its tensor
-    names (format: github.com/ggml-org/ggml/blob/master/docs/gguf.md)."""
-    with open(path, "rb") as f:
-        magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", f.read(24))
-        if magic != b"GGUF" or version < 2:
-            raise ValueError(f"{path}: not a GGUF v2+ file")
-        meta = {}
-        for _ in range(n_kv):
-            key = _gguf_str(f)
-            meta[key] = _gguf_value(f, struct.unpack("<I", f.read(4))[0])
-        names = set()
-        for _ in range(n_tensors):
-            names.add(_gguf_str(f))
-            (n_dims,) = struct.unpack("<I", f.read(4))
-            f.seek(8 * n_dims + 4 + 8, 1)  # dims, type, offset
-    return meta, names
-
-
-def _gguf_str(f: BinaryIO) -> str:
-    (n,) = struct.unpack("<Q", f.read(8))
-    return f.read(n).decode("utf-8", errors="replace")
-
-
-def _gguf_value(f: BinaryIO, kind: int) -> Any:
-    if kind == 8:
-        return _gguf_str(f)
-    if kind == 9:  # array: skipped, its length kept
-        elem, count = struct.unpack("<IQ", f.read(12))
-        if elem in _GGUF_SCALARS:
-            f.seek(count * struct.calcsize("<" + _GGUF_SCALARS[elem]), 1)
-        else:
-            for _ in range(count):
-                _gguf_value(f, elem)
-        return count
-    fmt = "<" + _GGUF_SCALARS[kind]
-    return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]

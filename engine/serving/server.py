@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -245,6 +245,7 @@ async def engine_config(request: web.Request) -> web.Response:
                 "kv_cache_bytes": engine.stats()["kv_block_bytes"] * engine.kv.num_blocks,
             },
             "decode_attention": engine.decode_attention,
+            "model_shape": asdict(engine.model_config),  # for FLOP counts
         }
     )
 
