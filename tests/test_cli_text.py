@@ -54,7 +54,16 @@ def test_every_flag_the_readme_names_exists() -> None:
     from pathlib import Path
 
     ours: set[str] = set()
-    for command in ("run", "sweep", "gate", "report", "serve", "generate", "export-model"):
+    for command in (
+        "run",
+        "sweep",
+        "claims",
+        "gate",
+        "report",
+        "serve",
+        "generate",
+        "export-model",
+    ):
         ours |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text(command)))
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     missing = set()

@@ -104,7 +104,7 @@ PAGING = Claim(
     thresholds={"kv_waste": ">= 60 % holds, > 6 % partly", "batch_factor": ">= 3.6x holds"},
     sweep=paging_sweep,
     judge=judge_paging,
-    minutes=(0.4, 3.0),
+    minutes=(0.4, 4.5),
 )
 
 
@@ -230,5 +230,5 @@ FP8 = Claim(
     sweep=fp8_sweep,
     judge=judge_fp8,
     measure=measure_fp8_accuracy,
-    minutes=(0.5, 5.0),
+    minutes=(0.5, 5.5),
 )
