@@ -133,6 +133,13 @@ def test_claims_about_engine_settings_are_not_measured_against_a_server(tmp_path
     assert not (out / "1-paging").exists()  # nothing ran
 
 
+def test_a_claim_that_could_not_run_fails_the_run_and_is_not_kept(tmp_path: Path) -> None:
+    out = tmp_path / "claims"
+    code, printed = claims(tmp_path, only="7b", model="no-such-model", out=str(out))
+    assert code == 1 and "its sweep failed" in printed
+    assert json.loads((out / "claims.json").read_text())["findings"] == {}  # --resume retries
+
+
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
     out = tmp_path_factory.mktemp("claims") / "quick"
@@ -191,5 +198,9 @@ def test_resume_keeps_every_finished_claim(quick: tuple[Path, int, str]) -> None
     assert {p: p.stat().st_mtime_ns for p in out.rglob("summary.json")} == stamps
     after = json.loads((out / "claims.json").read_text())
     assert after["findings"] == json.loads(before)["findings"]
+    code, printed = claims(out.parent, resume=str(out), only="7c")  # a subset: the rest stay
+    assert code == 0 and "1 PagedAttention" in printed
+    after = json.loads((out / "claims.json").read_text())
+    assert after["findings"] == json.loads(before)["findings"] and len(after["resumed"]) == 2
     code, printed = claims(out.parent, resume=str(out), quick=None)  # a full run's settings
     assert code == 2 and "other quick, model" in printed

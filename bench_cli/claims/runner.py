@@ -5,13 +5,14 @@ claims.json, so an interrupted run keeps every finished claim and `--resume` ski
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from bench_cli.claims.catalog import select
+from bench_cli.claims.catalog import CLAIMS, select
 from bench_cli.claims.claim import Claim, Scale
 from bench_cli.claims.evidence import read_sweep
 from bench_cli.claims.verdict import Finding, unmeasurable
@@ -47,23 +48,26 @@ def run_claims(
         highlight=False,
     )
     code = 0
+    failed: dict[str, Finding] = {}  # not kept in claims.json: --resume runs them again
     for k, claim in enumerate(todo, 1):
         console.rule(escape(f"claim {claim.id} ({k}/{len(todo)}): {claim.title}"))
         result = _run_claim(claim, scale, folder / f"{claim.id}-{claim.slug}", dashboard, console)
         if isinstance(result, int):  # interrupted: keep what finished
             code = result
             break
-        record["findings"][claim.id] = result.to_dict()
+        found = result.finding if isinstance(result, Failed) else result
+        said = found.measured if found.measured != "-" else found.why
+        console.print(f"  {found.verdict}: {escape(said)}", highlight=False)
+        if isinstance(result, Failed):
+            failed[claim.id] = found
+            code = 1  # a claims run that could not measure a claim is no success
+            continue
+        record["findings"][claim.id] = found.to_dict()
         write_json(folder / "claims.json", record)
-        said = result.measured if result.measured != "-" else result.why
-        console.print(f"  {result.verdict}: {escape(said)}", highlight=False)
-    findings = {
-        c.id: Finding.from_dict(record["findings"][c.id])
-        for c in claims
-        if c.id in record["findings"]
-    }
-    print_table(console, claims, findings, scale, record["environment"])
-    write_html(folder, claims, findings, record)
+    findings = {k: Finding.from_dict(v) for k, v in record["findings"].items()} | failed
+    shown = [c for c in CLAIMS if c in claims or c.id in findings]  # and earlier runs' claims
+    print_table(console, shown, findings, scale, record["environment"])
+    write_html(folder, shown, findings, record)
     console.print(f"claims: {folder}/claims.json and claims.html", highlight=False)
     return code
 
@@ -74,7 +78,8 @@ def _runs(claim: Claim, scale: Scale) -> bool:
 
 def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> dict[str, Any]:
     """claims.json as it stands: the thresholds every verdict will use, written before anything
-    runs; on --resume, the findings so far (from a run at the same scale only)."""
+    runs; on --resume, the findings so far (from a run at the same scale only), every claim's,
+    not only those selected now, and the machine it started on."""
     record: dict[str, Any] = {
         "quick": scale.quick,
         "model": scale.model,
@@ -91,17 +96,26 @@ def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> d
         changed = [k for k in ("quick", "model", "base_url") if before.get(k) != record[k]]
         if changed:
             raise ValueError(f"--resume {folder}: it ran with other {', '.join(changed)}")
-        record["findings"] = {
-            k: v for k, v in before["findings"].items() if k in record["thresholds"]
-        }
+        record["thresholds"] = before["thresholds"] | record["thresholds"]
+        record["resumed"] = [*before.get("resumed", []), record["environment"]]
+        record["environment"] = before["environment"]
+        record["findings"] = before["findings"]
     write_json(folder / "claims.json", record)
     return record
 
 
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """A claim its sweep or judge could not measure: shown, not kept as done."""
+
+    finding: Finding
+
+
 def _run_claim(
     claim: Claim, scale: Scale, folder: Path, dashboard: bool, console: Console
-) -> Finding | int:
-    """The claim's finding, or the exit code of a sweep that was interrupted."""
+) -> Finding | Failed | int:
+    """The claim's finding, a failure to measure it, or the exit code of a sweep that was
+    interrupted."""
     from bench_cli.sweep import run_sweep
 
     if claim.missing:
@@ -111,15 +125,18 @@ def _run_claim(
     assert claim.sweep is not None and claim.judge is not None
     folder.mkdir(parents=True, exist_ok=True)
     measured = folder / "measured.json"
-    if claim.measure is not None and not measured.is_file():
-        with console.status(f"claim {claim.id}: measuring ..."):
-            write_json(measured, claim.measure(scale))
     sweep_dir = folder / "sweep"
-    resume = str(sweep_dir) if (sweep_dir / "sweep.json").is_file() else None
-    flags = {"out": str(sweep_dir), "name": claim.slug}
-    code = run_sweep(claim.sweep(scale), flags, 1, resume, dashboard, console)
-    if code >= 128:  # interrupted (128 + the signal)
-        return code
-    if code != 0:
-        return unmeasurable(f"its sweep failed (exit {code}): see {sweep_dir}")
-    return claim.judge(read_sweep(sweep_dir), scale, folder)
+    try:
+        if claim.measure is not None and not measured.is_file():
+            with console.status(f"claim {claim.id}: measuring ..."):
+                write_json(measured, claim.measure(scale))
+        resume = str(sweep_dir) if (sweep_dir / "sweep.json").is_file() else None
+        flags = {"out": str(sweep_dir), "name": claim.slug}
+        code = run_sweep(claim.sweep(scale), flags, 1, resume, dashboard, console)
+        if code >= 128:  # interrupted (128 + the signal)
+            return code
+        if code != 0:
+            return Failed(unmeasurable(f"its sweep failed (exit {code}): see {sweep_dir}"))
+        return claim.judge(read_sweep(sweep_dir), scale, folder)
+    except Exception as e:  # one claim's failure must not lose the others' results
+        return Failed(unmeasurable(f"it failed: {type(e).__name__}: {e} (see {folder})"))
