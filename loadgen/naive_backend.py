@@ -278,28 +278,16 @@ def _load(model: str, engine_args: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     import transformers
 
     from engine.engine import DTYPES, resolve_device, resolve_dtype
-    from engine.model.export import hf_state_dict
+    from engine.model.export import hf_config, hf_state_dict
     from engine.model.loader import load_model
 
     device = resolve_device(engine_args.get("device") or "auto")
     dtype = DTYPES[resolve_dtype(engine_args.get("dtype") or "auto", device)]
     loaded = load_model(model, torch.float32, torch.device("cpu"), engine_args.get("seed") or 0)
     c = loaded.config
+    # eos off: generate stops each row itself (ignore_eos or not); pad 0 for left padding
     config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim,
-        rope_theta=c.rope_theta,
-        rms_norm_eps=c.rms_norm_eps,
-        max_position_embeddings=c.max_position_embeddings,
-        tie_word_embeddings=c.tie_word_embeddings,
-        bos_token_id=c.bos_token_id,
-        eos_token_id=None,
-        pad_token_id=0,
+        **hf_config(loaded) | {"eos_token_id": None, "pad_token_id": 0}
     )
     hf = transformers.LlamaForCausalLM(config)
     missing, unexpected = hf.load_state_dict(hf_state_dict(loaded), strict=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -50,13 +51,13 @@ def hf_state_dict(loaded: LoadedModel) -> dict[str, torch.Tensor]:
     return {k: v.detach().contiguous().cpu() for k, v in out.items()}
 
 
-def export_hf_dir(loaded: LoadedModel, path: str | Path) -> Path:
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+def hf_config(loaded: LoadedModel) -> dict[str, Any]:
+    """The model's config.json in Hugging Face's Llama names (also what transformers'
+    `LlamaConfig` takes)."""
     cfg = loaded.config
     dtype = loaded.model.embed_tokens.weight.dtype
     eos = list(cfg.eos_token_ids)
-    config = {
+    return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": cfg.vocab_size,
@@ -75,6 +76,12 @@ def export_hf_dir(loaded: LoadedModel, path: str | Path) -> Path:
         "eos_token_id": eos[0] if len(eos) == 1 else eos or None,
         "torch_dtype": DTYPE_NAMES[dtype],
     }
+
+
+def export_hf_dir(loaded: LoadedModel, path: str | Path) -> Path:
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = hf_config(loaded)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(hf_state_dict(loaded), str(path / "model.safetensors"), metadata={"format": "pt"})
     tok = loaded.tokenizer
