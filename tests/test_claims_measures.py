@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_cli.claims import accuracy
+from bench_cli.claims.evidence import read_steps
 from bench_cli.claims.utilization import (
     matmul_params,
     measure_peak,
@@ -118,7 +119,8 @@ def test_utilization_is_time_weighted_over_steps_after_warmup(tmp_path: Path) ->
         step(0.5, 0, 4, 4, context_tokens=200),
         step(1.5, 30, 2, 3, context_tokens=300),
     ]
-    out = utilization(write_steps(tmp_path / "steps.jsonl", steps), SMALL, PEAK, 1.0, 2.0, 1)
+    write_steps(tmp_path / "steps.jsonl", steps)
+    out = utilization(read_steps(tmp_path), SMALL, PEAK, 1.0, 2.0, 1)
     f_decode, b_decode = step_cost(SMALL, 4, 200, 1.0, 2.0, sampled_rows=4)
     f_prefill, b_prefill = step_cost(SMALL, 32, 300, 1.0, 2.0, sampled_rows=3)
     assert out["skipped_warmup_steps"] == 1 and out["context_approximated_steps"] == 0
@@ -137,8 +139,8 @@ def test_utilization_is_time_weighted_over_steps_after_warmup(tmp_path: Path) ->
 
 
 def test_utilization_without_context_tokens_uses_blocks_held(tmp_path: Path) -> None:
-    path = write_steps(tmp_path / "steps.jsonl", [step(1.0, 0, 2, 2)])
-    out = utilization(path, SMALL, PEAK, 1.0, 2.0, skip_first=0, block_size=16)
+    write_steps(tmp_path / "steps.jsonl", [step(1.0, 0, 2, 2)])
+    out = utilization(read_steps(tmp_path), SMALL, PEAK, 1.0, 2.0, skip_first=0, block_size=16)
     assert out["context_approximated_steps"] == 1
     assert out["all"]["flops_per_s"] == step_cost(SMALL, 2, 4 * 16, 1.0, 2.0, sampled_rows=2)[0]
 

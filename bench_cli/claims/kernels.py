@@ -55,7 +55,7 @@ def judge_fused(points: list[Point], scale: Scale, folder: Path) -> Finding:
         cfg = ModelConfig(**p.engine["model_shape"])  # as the server reported it
         weights = 1 if p.engine.get("quantization") == "fp8" else DTYPE_BYTES[p.engine["dtype"]]
         kv = DTYPE_BYTES[p.engine["cache"]["kv_cache_dtype"]]
-        figures[name] = utilization(p.dir / "steps.jsonl", cfg, peak, weights, kv)["all"]
+        figures[name] = utilization(p.steps, cfg, peak, weights, kv)["all"]
     fused, unfused = figures[PATHS[1]]["mfu"], figures[PATHS[0]]["mfu"]
     verdict = at_least(fused, 0.65, unfused * 1.1)
     part = Part(

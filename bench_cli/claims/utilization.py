@@ -4,12 +4,11 @@ of this device, measured (MFU: model FLOPs utilization; MBU: model bandwidth uti
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.config import ModelConfig
@@ -112,16 +111,6 @@ def measure_peak(
     }
 
 
-def _percentile(sorted_values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def _summary(rows: list[tuple[float, float, float]], peak: dict[str, Any]) -> dict[str, float]:
     """rows: (dur_s, flops, bytes) per step; time-weighted rates = totals / total time."""
     time_s = sum(r[0] for r in rows)
@@ -140,13 +129,13 @@ def _summary(rows: list[tuple[float, float, float]], peak: dict[str, Any]) -> di
         "mfu": flops_per_s / peak["peak_flops"],
         "mbu": bytes_per_s / peak["peak_bytes_per_s"],
         "mfu_mean": sum(mfu) / len(mfu) if mfu else math.nan,
-        "mfu_p50": _percentile(mfu, 0.5),
-        "mfu_p90": _percentile(mfu, 0.9),
+        "mfu_p50": float(np.percentile(mfu, 50)) if mfu else math.nan,
+        "mfu_p90": float(np.percentile(mfu, 90)) if mfu else math.nan,
     }
 
 
 def utilization(
-    steps_path: Path,
+    steps: list[dict[str, Any]],
     cfg: ModelConfig,
     peak: dict[str, Any],
     weight_bytes_per_param: float,
@@ -155,7 +144,8 @@ def utilization(
     block_size: int = 16,
     head_bytes_per_param: float | None = None,
 ) -> dict[str, Any]:
-    """Achieved FLOP/s and bytes/s of the engine steps in `steps_path` (steps.jsonl), against
+    """Achieved FLOP/s and bytes/s of engine steps (steps.jsonl's lines, as
+    bench_cli.claims.evidence.read_steps gives them), against
     `peak` (measure_peak's dict): time-weighted over steps (total FLOPs / total step time), so
     long steps count for their time; MFU = FLOP/s / peak_flops, MBU = bytes/s / peak_bytes_per_s;
     mean, p50 and p90 of per-step MFU. Keys "all", "decode" (steps with no prefill token) and
@@ -169,35 +159,29 @@ def utilization(
     through the LM head (a prefill chunk that does not end its prompt passes none)."""
     rows: dict[str, list[tuple[float, float, float]]] = {"all": [], "decode": [], "prefill": []}
     approximated = seen = 0
-    with open(steps_path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            step = json.loads(line)
-            tokens = step.get("prefill_tokens", 0) + step.get("decode_tokens", 0)
-            dur = step.get("dur_s", 0.0)
-            if tokens <= 0 or dur <= 0:
-                continue
-            seen += 1
-            if seen <= skip_first:
-                continue
-            context = step.get("context_tokens")
-            if context is None:
-                approximated += 1
-                context = step.get("kv_blocks_used", 0) * block_size
-            flops, moved = step_cost(
-                cfg,
-                tokens,
-                context,
-                weight_bytes_per_param,
-                kv_bytes_per_elem,
-                sampled_rows=step.get("seqs", 1),
-                head_bytes_per_param=head_bytes_per_param,
-            )
-            rows["all"].append((dur, flops, moved))
-            rows["prefill" if step.get("prefill_tokens", 0) else "decode"].append(
-                (dur, flops, moved)
-            )
+    for step in steps:
+        tokens = step.get("prefill_tokens", 0) + step.get("decode_tokens", 0)
+        dur = step.get("dur_s", 0.0)
+        if tokens <= 0 or dur <= 0:
+            continue
+        seen += 1
+        if seen <= skip_first:
+            continue
+        context = step.get("context_tokens")
+        if context is None:
+            approximated += 1
+            context = step.get("kv_blocks_used", 0) * block_size
+        flops, moved = step_cost(
+            cfg,
+            tokens,
+            context,
+            weight_bytes_per_param,
+            kv_bytes_per_elem,
+            sampled_rows=step.get("seqs", 1),
+            head_bytes_per_param=head_bytes_per_param,
+        )
+        rows["all"].append((dur, flops, moved))
+        rows["prefill" if step.get("prefill_tokens", 0) else "decode"].append((dur, flops, moved))
     out: dict[str, Any] = {kind: _summary(r, peak) for kind, r in rows.items()}
     out["skipped_warmup_steps"] = min(seen, skip_first)
     out["context_approximated_steps"] = approximated
