@@ -182,5 +182,5 @@ TENSOR_PARALLEL = Claim(
     title="Tensor parallelism",
     brief="Tensor parallelism serves models beyond one device and cuts latency.",
     thresholds={},
-    missing="the engine has no tensor parallelism yet (issue 15), and this machine one device",
+    missing="the engine has no tensor parallelism yet (issue 15), and this machine has one device",
 )
