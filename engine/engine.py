@@ -167,6 +167,12 @@ class LLMEngine:
         or 'eager' (asked for, CUDA, an fp8 cache, or no C++ compiler)."""
         return "compiled" if self.runner.fused_decode else "eager"
 
+    @property
+    def decode_forward(self) -> str:
+        """'compiled' (engine/model/compiled_decode.py: steps of decodes only run compiled
+        layers) or 'eager' (asked for, CUDA, fp8 weights or cache, or no C++ compiler)."""
+        return "compiled" if self.runner.compiled_forward else "eager"
+
     def add_request(
         self,
         request_id: str,

@@ -9,6 +9,7 @@ import torch
 from engine.config import ModelConfig
 from engine.core.request import Request, SamplingParams
 from engine.core.scheduler import SchedulerOutput
+from engine.model import compiled_decode
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
 from engine.ops.fp8 import FP8
@@ -29,7 +30,7 @@ class ModelRunner:
     ) -> None:
         """kv_dtype: the cache's storage dtype (default: the model's); fp8 needs `kv_scales`,
         one (k_scale, v_scale) pair per layer (see engine/model/kv_scales.py). compile_decode: use
-        the compiled CPU decode attention where it applies (not fp8 caches, not CUDA)."""
+        the compiled CPU decode forward and attention where they apply (not fp8, not CUDA)."""
         self.model = model
         self.block_size = block_size
         p = model.embed_tokens.weight
@@ -51,6 +52,9 @@ class ModelRunner:
                 )
             )
         self.generator = torch.Generator().manual_seed(seed)
+        # Steps of decodes only: the whole forward compiled (engine/model/compiled_decode.py);
+        # steps with a prefill chunk: the eager model with the compiled decode attention.
+        self.compiled_forward = compile_decode and compiled_decode.warm_up(model, self.kv_caches[0])
         self.fused_decode = (
             compile_decode
             and self.device.type == "cpu"
@@ -71,7 +75,14 @@ class ModelRunner:
         # Decodes (single-token queries) first: attention batches them without padding.
         items = sorted(out.scheduled, key=lambda item: item[1] != 1)
         input_ids, positions, meta = self.prepare_inputs(items, block_tables)
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if self.compiled_forward and meta.num_decode_tokens == len(input_ids):
+            mask = meta.decode_mask.view(len(input_ids), -1)
+            hidden = compiled_decode.decode_forward(
+                self.model, input_ids, positions, self.kv_caches, meta.slot_mapping,
+                meta.decode_block_tables, mask,
+            )  # fmt: skip
+        else:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
         ends = np.cumsum([n for _, n in items]) - 1
         done = [i for i, (r, n) in enumerate(items) if r.num_computed_tokens + n == r.num_tokens]
         if not done:
@@ -79,7 +90,10 @@ class ModelRunner:
         rows = torch.as_tensor(ends[done], device=self.device)
         logits = self.model.compute_logits(hidden[rows])
         reqs = [items[i][0] for i in done]
-        return list(zip(reqs, sample(logits, reqs, self.generator), strict=True))
+        return list(zip(reqs, self.sample(logits, reqs), strict=True))
+
+    def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
+        return sample(logits, reqs, self.generator)
 
     @torch.inference_mode()
     def prefill(

@@ -336,7 +336,10 @@ class InProcessBackend:
     def engine_info(self) -> dict[str, Any]:
         """The engine's whole resolved config, for config.json."""
         engine = self.engine.engine
-        return engine.config.to_dict() | {"decode_attention": engine.decode_attention}
+        return engine.config.to_dict() | {
+            "decode_attention": engine.decode_attention,
+            "decode_forward": engine.decode_forward,
+        }
 
     async def start(self) -> None:
         if self._owned:

@@ -121,9 +121,7 @@ def test_warm_up_refuses_a_wrong_kernel(
             mask = torch.ones_like(mask)
         else:
             scale = 1.0
-        return cpu_decode_attention._decode_attention(
-            q, k_cache, v_cache, block_tables, mask, scale
-        )
+        return cpu_decode_attention.decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
 
     monkeypatch.setattr(cpu_decode_attention, "_compiled", lambda: wrong)
     monkeypatch.setitem(cpu_decode_attention._state, "enabled", True)

@@ -23,6 +23,7 @@ from engine.ops import (
     silu_and_mul,
     write_kv_cache,
 )
+from engine.ops.cpu_decode_attention import decode_attention
 from engine.ops.cpu_linear import PackedLinear
 from engine.ops.fp8 import Fp8Linear
 
@@ -37,6 +38,26 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
+class PagedAttention(nn.Module):
+    """Writes a step's new K/V into the paged cache and attends over it: the part of a layer
+    that reads the KV cache (a module so that a profiler can time it as one)."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, heads, head_dim]
+        k: torch.Tensor,  # [T, kv_heads, head_dim]
+        v: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
+        return paged_attention(q, kv_cache, meta, self.scale)  # [T, heads, head_dim]
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -47,7 +68,7 @@ class LlamaAttention(nn.Module):
         )
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.scale = cfg.head_dim**-0.5
+        self.attn = PagedAttention(cfg.head_dim**-0.5)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
@@ -59,8 +80,7 @@ class LlamaAttention(nn.Module):
         q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos_sin)
         k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos_sin)
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        write_kv_cache(k, v, kv_cache, meta.slot_mapping)
-        o = paged_attention(q, kv_cache, meta, self.scale)  # [T, heads, head_dim]
+        o = self.attn(q, k, v, kv_cache, meta)
         return self.o_proj(o.view(t, self.q_size))
 
 
@@ -86,6 +106,31 @@ class LlamaDecoderLayer(nn.Module):
         self, x: torch.Tensor, cos_sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def decode(
+        self,
+        x: torch.Tensor,  # [B, hidden]: one token of each sequence
+        cos_sin: torch.Tensor,  # [B, 2, head_dim]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,  # [B]
+        block_tables: torch.Tensor,  # [B, nb]
+        mask: torch.Tensor,  # [B, nb * block_size] bool
+    ) -> torch.Tensor:
+        """`forward` for a step of decodes only, with the attention formula of
+        ops/cpu_decode_attention.py and no metadata branches: what engine/model/
+        compiled_decode.py compiles into one graph per layer shape."""
+        attn = self.self_attn
+        b, heads, kv_heads, head_dim = x.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
+        qkv = attn.qkv_proj(self.input_layernorm(x))
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        q = apply_rotary(q.view(b, heads, head_dim), cos_sin)
+        k = apply_rotary(k.view(b, kv_heads, head_dim), cos_sin)
+        write_kv_cache(k, v.view(b, kv_heads, head_dim), KVCache(k_cache, v_cache), slots)
+        q = q.view(b, kv_heads, heads // kv_heads, head_dim)
+        o = decode_attention(q, k_cache, v_cache, block_tables, mask, attn.attn.scale)
+        x = x + attn.o_proj(o.reshape(b, attn.q_size))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 

@@ -24,7 +24,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def _decode_attention(
+def decode_attention(
     q: torch.Tensor,  # [B, kv_heads, group, head_dim]
     k_cache: torch.Tensor,  # [kv_heads, num_blocks, block_size, head_dim]
     v_cache: torch.Tensor,
@@ -58,7 +58,7 @@ MAX_SHAPES = 6  # dynamo compiles one function at most 8 ways, then runs it eage
 
 @functools.cache
 def _compiled() -> Callable[..., torch.Tensor]:
-    return torch.compile(_decode_attention, dynamic=False)  # dynamic dims: marked per call
+    return torch.compile(decode_attention, dynamic=False)  # dynamic dims: marked per call
 
 
 def fused_decode_attention(
@@ -116,7 +116,7 @@ def warm_up(k_cache: torch.Tensor, group: int, dtype: torch.dtype, scale: float)
             logger.warning("compiled decode attention unavailable, staying eager: %s", e)
             _state["enabled"] = False
             return False
-        want = _decode_attention(q.float(), k.float(), v.float(), tables, mask, scale)
+        want = decode_attention(q.float(), k.float(), v.float(), tables, mask, scale)
     tol = check_tolerance(dtype)
     if not torch.allclose(got.float(), want, rtol=tol, atol=tol):
         err = (got.float() - want).abs().max().item()

@@ -1,0 +1,121 @@
+"""The compiled decode forward (engine/model/compiled_decode.py) computes what the eager model
+does, is what the engine runs for steps of decodes by default, and stays off where it does not
+apply (enforce_eager, fp8) or cannot compile."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.model import compiled_decode
+
+PROMPTS = [[5, 9, 2, 7] * k for k in (1, 4, 9)] + [[3] * 40]  # 1 to 3 blocks of 16
+
+
+def _greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-llama-untied"])
+def test_compiled_forward_gives_the_eager_engines_tokens(model: str) -> None:
+    compiled = LLM(model, dtype="float32")
+    eager = LLM(model, dtype="float32", enforce_eager=True)
+    assert compiled.llm_engine.decode_forward == "compiled"
+    assert eager.llm_engine.decode_forward == "eager"
+    assert _greedy(compiled) == _greedy(eager)
+
+
+def test_compiled_forward_runs_the_decode_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step of decodes only goes through the compiled forward, one batch size at a time
+    as requests finish (4, then fewer), and steps with a prefill chunk do not."""
+    llm = LLM("tiny-llama", dtype="float32")
+    batches: list[int] = []
+    real = compiled_decode.decode_forward
+
+    def counting(model, input_ids, *args):  # type: ignore[no-untyped-def]
+        batches.append(len(input_ids))
+        return real(model, input_ids, *args)
+
+    monkeypatch.setattr(compiled_decode, "decode_forward", counting)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (3, 5, 8, 8)]
+    llm.generate(PROMPTS, params)
+    # The first step prefills every prompt (and samples each one's first token): eager.
+    assert batches == [4, 4, 3, 3, 2, 2, 2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int) -> None:
+    llm = LLM("tiny-llama", dtype="float32" if dtype == torch.float32 else "bfloat16")
+    model = llm.llm_engine.runner.model
+    cache = llm.llm_engine.runner.kv_caches[0]
+    heads, pool, block_size, head_dim = cache.k.shape
+    gen = torch.Generator().manual_seed(batch)
+    k = torch.randn(heads, 8, block_size, head_dim, generator=gen).to(cache.k.dtype)
+    v = torch.randn(heads, 8, block_size, head_dim, generator=gen).to(cache.k.dtype)
+    x = torch.randn(batch, model.config.hidden_size, generator=gen).to(dtype)
+    lens = torch.tensor([40, 17, 33])[:batch]
+    tables = torch.tensor([[7, 2, 5], [0, 3, 1], [6, 4, 1]])[:batch]
+    positions = lens - 1
+    slots = (
+        tables[torch.arange(batch), positions // block_size] * block_size + positions % block_size
+    )
+    mask = torch.arange(3 * block_size)[None] < lens[:, None]
+    cos_sin = model.cos_sin[positions]
+    layer = model.layers[1]
+    with torch.inference_mode():
+        want_k, want_v = k.clone(), v.clone()
+        want = layer.decode(x, cos_sin, want_k, want_v, slots, tables, mask)
+        got_k, got_v = k.clone(), v.clone()
+        got = compiled_decode._compiled()(layer, x, cos_sin, got_k, got_v, slots, tables, mask)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_v, want_v, rtol=1e-5, atol=1e-5)
+    else:
+        # Inductor keeps a fused chain's intermediates in float32 where eager rounds each op's
+        # output to bf16: the two differ by a few roundings, and the compiled one is no
+        # further from the float32 computation than the eager one.
+        with torch.inference_mode():  # (bf16 linears are plain: the layer can be copied)
+            exact_k, exact_v = k.float(), v.float()
+            exact = (
+                copy.deepcopy(layer)
+                .float()
+                .decode(x.float(), cos_sin.float(), exact_k, exact_v, slots, tables, mask)
+            )
+        for g, w, e in ((got, want, exact), (got_k, want_k, exact_k), (got_v, want_v, exact_v)):
+            eager_err = (w.float() - e).abs().max().item()
+            compiled_err = (g.float() - e).abs().max().item()
+            assert compiled_err <= 1.5 * eager_err + 1e-6, (compiled_err, eager_err)
+
+
+def test_fp8_and_enforce_eager_stay_eager() -> None:
+    assert LLM("tiny-llama", quantization="fp8").llm_engine.decode_forward == "eager"
+    assert LLM("tiny-llama", kv_cache_dtype="fp8").llm_engine.decode_forward == "eager"
+    assert LLM("tiny-llama", enforce_eager=True).llm_engine.decode_forward == "eager"
+
+
+def test_warm_up_refuses_a_wrong_compiled_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    def wrong(layer, x, *args):  # type: ignore[no-untyped-def]
+        return layer.decode(x, *args) + 0.01
+
+    monkeypatch.setattr(compiled_decode, "_compiled", lambda: wrong)
+    monkeypatch.setattr(compiled_decode, "_compiled_shapes", set())
+    with pytest.raises(RuntimeError, match="disagrees with the eager one"):
+        LLM("tiny-llama", dtype="float32")
+
+
+def test_a_machine_that_cannot_compile_runs_eager(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setattr(compiled_decode, "_compiled", lambda: broken)
+    monkeypatch.setitem(compiled_decode._state, "enabled", True)
+    monkeypatch.setattr(compiled_decode, "_compiled_shapes", set())
+    llm = LLM("tiny-llama", dtype="float32")
+    assert llm.llm_engine.decode_forward == "eager"
+    assert len(_greedy(llm, 3)[0]) == 3  # and it still generates
