@@ -71,7 +71,8 @@ def engine_line(engine: Any) -> str:
         f"weights {engine.weight_bytes / 2**20:.0f} MiB ({held}; "
         f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
         f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
-        f"({c.cache.kv_cache_dtype}) · decode attention {engine.decode_attention}"
+        f"({c.cache.kv_cache_dtype}) · decode attention {engine.decode_attention}, "
+        f"forward {engine.decode_forward}"
     )
 
 
@@ -428,6 +429,45 @@ def claims(
 
     code = run_claims(only, quick, model, base_url, out, resume, not no_dashboard, console)
     raise typer.Exit(code)
+
+
+@app.command()
+def profile(
+    model: str = "smollm2-135m",
+    batch: Annotated[int, Opt(help="sequences decoding in each step")] = 8,
+    context: Annotated[int, Opt(help="tokens each decoding sequence holds at the start")] = 128,
+    prefill: Annotated[int, Opt(help="prompt tokens of one more request computed per step")] = 0,
+    steps: Annotated[int, Opt(help="steps measured in each of the three passes")] = 10,
+    warmup: Annotated[int, Opt(help="steps run before each pass, not measured")] = 3,
+    out: Annotated[str | None, Opt(help="folder (default results/<time>-profile)")] = None,
+    dtype: Dtype = "auto",
+    device: Device = "auto",
+    quantization: Quantization = None,
+    kv_cache_dtype: KVDtype = "auto",
+    enforce_eager: EnforceEager = False,
+    block_size: BlockSize = 16,
+    num_kv_blocks: NumKVBlocks = None,
+    kv_cache_memory_gb: KVMemory = None,
+) -> None:
+    """Where an engine step's time goes: steps of one shape (decodes at a context, optionally
+    beside a prefill chunk) timed by category (linears, attention, norms and activations, LM
+    head, sampling, scheduling, input preparation, detokenization, the engine's Python) against
+    this device's measured matmul and read peaks, with the memory floor of the step; writes
+    trace.json (torch profiler, opens in Perfetto) and profile.json."""
+    from bench_cli.profile import ProfileError, Shape, render, run_profile
+
+    shape = Shape(batch, context, prefill, steps, warmup)
+    options = engine_args(locals())
+    try:
+        report = run_profile(model, shape, options, out)
+    except (ProfileError, ValueError) as e:
+        console.print(f"[red]bench profile: {escape(str(e))}[/red]")
+        raise typer.Exit(2) from None
+    table, lines = render(report)
+    console.print(table)
+    for line in lines:
+        console.print(line)
+    console.print(f"trace: {report['trace']} (open in Perfetto or chrome://tracing)")
 
 
 @app.command()

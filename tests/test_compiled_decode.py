@@ -53,7 +53,7 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
     llm = LLM("tiny-llama", dtype="float32" if dtype == torch.float32 else "bfloat16")
     model = llm.llm_engine.runner.model
     cache = llm.llm_engine.runner.kv_caches[0]
-    heads, pool, block_size, head_dim = cache.k.shape
+    heads, _, block_size, head_dim = cache.k.shape
     gen = torch.Generator().manual_seed(batch)
     k = torch.randn(heads, 8, block_size, head_dim, generator=gen).to(cache.k.dtype)
     v = torch.randn(heads, 8, block_size, head_dim, generator=gen).to(cache.k.dtype)

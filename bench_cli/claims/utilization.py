@@ -83,13 +83,15 @@ def measure_peak(
 ) -> dict[str, Any]:
     """The achievable peak of this device, measured in a few seconds: dense matmul FLOP/s
     (best of `repeats` square torch.matmul of side n: 2n^3 FLOPs) and memory bandwidth (best of
-    `repeats` copies of a 256 MiB tensor on CUDA, 64 MiB on CPU: bytes read + written per s).
+    `repeats` copies of a 256 MiB tensor on CUDA, 64 MiB on CPU: bytes read + written per s)
+    and read bandwidth (a sum over 1 GiB on CUDA, 256 MiB on CPU: bytes read per s).
 
     A CPU has no spec-sheet peak to divide by, so here "peak" is the best torch matmul and copy
     this machine does now (with torch's current thread count): utilization is relative to that,
     not to a vendor number, and a busy machine lowers peak and achieved alike. On CUDA the
     same measurement is also below the spec sheet (typically 70-90 % of it for matmul).
-    Returns peak_flops (FLOP/s), peak_bytes_per_s, matmul_n, device, dtype, threads."""
+    Returns peak_flops (FLOP/s), peak_bytes_per_s, peak_read_bytes_per_s, matmul_n, device,
+    dtype, threads."""
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     n = n or (8192 if cuda else 1024)
@@ -101,9 +103,14 @@ def measure_peak(
     src = torch.ones(elems, device=dev, dtype=torch.float32)
     dst = torch.empty_like(src)
     t_copy = _best_time(lambda: dst.copy_(src), sync, repeats)
+    # Reading alone (a sum), from a tensor 8x this CPU's 32 MiB L3: how weights stream in a
+    # decode step, which reads every weight and writes next to nothing.
+    big = torch.ones((1024 if cuda else 256) * 2**20 // 4, device=dev, dtype=torch.float32)
+    t_read = _best_time(lambda: big.sum(), sync, repeats)
     return {
         "peak_flops": 2.0 * n**3 / t_mm,
-        "peak_bytes_per_s": 2.0 * src.numel() * src.element_size() / t_copy,
+        "peak_bytes_per_s": 2.0 * elems * 4 / t_copy,
+        "peak_read_bytes_per_s": big.numel() * 4 / t_read,
         "matmul_n": n,
         "device": str(dev),
         "dtype": str(dtype).removeprefix("torch."),
