@@ -72,7 +72,7 @@ def engine_line(engine: Any) -> str:
         f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
         f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
         f"({c.cache.kv_cache_dtype}) · decode attention {engine.decode_attention}, "
-        f"forward {engine.decode_forward}"
+        f"forward {engine.model_forward}"
     )
 
 
@@ -440,6 +440,9 @@ def profile(
     steps: Annotated[int, Opt(help="steps measured in each of the three passes")] = 10,
     warmup: Annotated[int, Opt(help="steps run before each pass, not measured")] = 3,
     out: Annotated[str | None, Opt(help="folder (default results/<time>-profile)")] = None,
+    compare: Annotated[
+        str | None, Opt(help="an earlier profile (folder or profile.json) to show beside")
+    ] = None,
     dtype: Dtype = "auto",
     device: Device = "auto",
     quantization: Quantization = None,
@@ -454,16 +457,17 @@ def profile(
     head, sampling, scheduling, input preparation, detokenization, the engine's Python) against
     this device's measured matmul and read peaks, with the memory floor of the step; writes
     trace.json (torch profiler, opens in Perfetto) and profile.json."""
-    from bench_cli.profile import ProfileError, Shape, render, run_profile
+    from bench_cli.profile import ProfileError, Shape, load_report, render, run_profile
 
     shape = Shape(batch, context, prefill, steps, warmup)
     options = engine_args(locals())
     try:
+        before = load_report(compare) if compare else None  # a bad path fails before the run
         report = run_profile(model, shape, options, out)
     except (ProfileError, ValueError) as e:
         console.print(f"[red]bench profile: {escape(str(e))}[/red]")
         raise typer.Exit(2) from None
-    table, lines = render(report)
+    table, lines = render(report, before)
     console.print(table)
     for line in lines:
         console.print(line)

@@ -11,16 +11,19 @@ objects for the capture and removed after: the engine itself carries no instrume
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from statistics import median
 from types import ModuleType
 from typing import Any
 
 import torch
+from rich.markup import escape
 from rich.table import Table
 
 from bench_cli.claims.utilization import matmul_params, measure_peak
@@ -28,11 +31,11 @@ from bench_cli.export import environment, run_dir, write_json
 from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
-from engine.model import compiled_decode
+from engine.model import compiled_forward
 
 ENGINE_REST = "engine (Python, rest)"
 FORWARD_REST = "norm, rope, activation, residual"
-COMPILED_REST = "compiled layers: attention, norms, rope, activation, residual"
+COMPILED_REST = "compiled layers: norms, rope, activation, residual (decode steps: attention)"
 CATEGORIES = (
     "linears",
     "attention",
@@ -120,7 +123,8 @@ class Timers:
 def _targets(engine: LLMEngine, compiled: bool) -> Iterator[tuple[Any, str, str]]:
     """(object, attribute, category) of every call timed. Code that runs inside a compiled
     graph cannot be timed from Python (a timer there would break the graph): with the compiled
-    decode forward, the forward is one category, split after by the profiler's op times."""
+    forward, the forward is one category, split after into linears and the rest by the
+    profiler's op times; a prefill step's attention, an op the graph calls, is timed apart."""
     model = engine.runner.model
     yield engine, "step", ENGINE_REST
     yield engine, "_process_token", "detokenize, stop checks"
@@ -130,7 +134,9 @@ def _targets(engine: LLMEngine, compiled: bool) -> Iterator[tuple[Any, str, str]
     yield engine.runner, "sample", "sampling"
     yield model, "compute_logits", "LM head"
     if compiled:
-        yield compiled_decode, "decode_forward", COMPILED_REST
+        yield compiled_forward, "decode_forward", COMPILED_REST
+        yield compiled_forward, "step_forward", COMPILED_REST
+        yield compiled_forward, "attend", "attention"  # steps with prefill: an op of its own
         return
     yield model, "forward", FORWARD_REST
     for parent, name in model._layer_linears():
@@ -251,14 +257,17 @@ def capture(engine: LLMEngine, shape: Shape, out_dir: Path) -> dict[str, Any]:
     if engine.has_unfinished_requests():
         raise ProfileError("the engine has requests of its own: profile a fresh engine")
     per_pass = shape.warmup + shape.steps
-    _add_requests(engine, shape, vocab, max_tokens=3 * per_pass + 2)
+    # The first prompts in decode while later ones prefill: they need as many more tokens.
+    budget = engine.config.scheduler.max_num_batched_tokens or 1
+    setup_steps = -(-shape.batch * shape.context // budget) + 1
+    _add_requests(engine, shape, vocab, max_tokens=3 * per_pass + setup_steps + 2)
     # Prompts in: every decode sequence has its first token before the passes start.
     while engine.scheduler.num_waiting or any(
         not r.num_output_tokens for r in engine.scheduler.running
     ):
         engine.step()
     plain = _run_pass(engine, shape, vocab, "plain")
-    compiled = engine.runner.compiled_forward and not shape.prefill
+    compiled = engine.runner.compiled_forward
     with timed(engine, compiled) as timers:
         timed_pass = _run_pass(engine, shape, vocab, "timed", timers.clear_on_entry)
         by_category = {c: timers.seconds.get(c, 0.0) / shape.steps for c in CATEGORIES}
@@ -276,9 +285,9 @@ def capture(engine: LLMEngine, shape: Shape, out_dir: Path) -> dict[str, Any]:
         ops["linears"] = linear_ops[COMPILED_REST]
         ops[COMPILED_REST] -= linear_ops[COMPILED_REST]
     return {
-        "step_s": _median(plain.durations),
-        "timed_step_s": _median(timed_pass.durations),
-        "profiled_step_s": _median(profiled.durations),
+        "step_s": median(plain.durations),
+        "timed_step_s": median(timed_pass.durations),
+        "profiled_step_s": median(profiled.durations),
         # Of the timed pass, whose category times the rates divide by.
         "decode_context": sum(timed_pass.decode_context) / shape.steps,
         "prefill_start": sum(timed_pass.prefill_start) / shape.steps,
@@ -292,12 +301,6 @@ def _activities() -> list[torch.profiler.ProfilerActivity]:
     if torch.cuda.is_available():
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     return acts
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def _module_bytes(module: torch.nn.Module) -> int:
@@ -329,6 +332,9 @@ def analyse(engine: LLMEngine, shape: Shape, result: dict[str, Any], peak: dict[
         ),
         "LM head": (2.0 * cfg.hidden_size * cfg.vocab_size * rows, head_bytes),
     }
+    took = result["category_s"]
+    if took[COMPILED_REST] and not took["attention"]:  # decode steps: attention is compiled in
+        costs[COMPILED_REST] = costs.pop("attention")
     rates = {}
     for category, (flops, moved) in costs.items():
         took = result["category_s"][category]
@@ -370,24 +376,56 @@ def run_profile(model: str, shape: Shape, options: dict[str, Any], out: str | No
     return report
 
 
-def render(report: dict[str, Any]) -> tuple[Table, list[str]]:
-    """The table by category and the lines under it, from what `write` stores."""
+def load_report(path: str | Path) -> dict[str, Any]:
+    """A profile.json, or the folder holding one (for --compare)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "profile.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ProfileError(f"cannot read a profile from {path}: {e}") from None
+
+
+def differences(report: dict[str, Any], before: dict[str, Any]) -> list[str]:
+    """What differs between two profiles besides the code: shape, model and engine settings."""
+    out = [
+        f"{key}: {before['shape'][key]} before, {report['shape'][key]} now"
+        for key in ("batch", "context", "prefill")
+        if before["shape"].get(key) != report["shape"][key]
+    ]
+    for key in ("model", "dtype", "quantization", "enforce_eager"):
+        old, new = before["engine"].get(key), report["engine"].get(key)
+        if old != new:
+            out.append(f"{key}: {old} before, {new} now")
+    if before["peak"].get("threads") != report["peak"]["threads"]:
+        out.append(
+            f"threads: {before['peak'].get('threads')} before, {report['peak']['threads']} now"
+        )
+    return out
+
+
+def render(report: dict[str, Any], before: dict[str, Any] | None = None) -> tuple[Table, list[str]]:
+    """The table by category and the lines under it, from what `run_profile` stores; with
+    `before` (an earlier profile), its times beside and the step's speed-up."""
     shape, peak, rates = report["shape"], report["peak"], report["analysis"]["rates"]
     total = sum(report["category_s"].values())  # the timed pass's mean step
-    title = (
-        f"one step: {shape['batch']} decodes at ~{shape['context']} tokens of context"
-        + (f" + a {shape['prefill']}-token prefill chunk" if shape["prefill"] else "")
-        + f", median of {shape['steps']} steps"
-    )
+    parts = [f"{shape['batch']} decodes at ~{shape['context']} tokens of context"] * bool(
+        shape["batch"]
+    ) + [f"a {shape['prefill']}-token prefill chunk"] * bool(shape["prefill"])
+    title = f"one step: {' + '.join(parts)}, mean of {shape['steps']} steps"
     table = Table(title=title)
     for col in ("category", "ms/step", "% of step", "in torch ops ms", "Python & dispatch ms"):
         table.add_column(col, justify="left" if col == "category" else "right")
     table.add_column("GFLOP/s (% of matmul peak)", justify="right")
     table.add_column("GB/s (% of read peak)", justify="right")
+    was = before["category_s"] if before else {}
+    if before:
+        table.add_column("before ms/step", justify="right")
     for category in CATEGORIES:
         took = report["category_s"][category]
-        if not took:
-            continue  # not on this path (the compiled forward has no separate attention)
+        if not took and not was.get(category):
+            continue  # not on this path (compiled decode steps have no separate attention)
         ops = min(report["ops_s"][category], took)
         rate = rates.get(category, {})
         flops, moved = rate.get("flops_per_s"), rate.get("bytes_per_s")
@@ -401,8 +439,10 @@ def render(report: dict[str, Any]) -> tuple[Table, list[str]]:
             f"{moved / 1e9:.1f} ({100 * moved / peak['peak_read_bytes_per_s']:.0f} %)"
             if moved
             else "",
+            *([f"{was.get(category, 0.0) * 1e3:.2f}"] if before else []),
         )
-    table.add_row("all", f"{total * 1e3:.2f}", "", "", "", "", "", end_section=True)
+    before_total = [f"{sum(was.values()) * 1e3:.2f}"] if before else []
+    table.add_row("all", f"{total * 1e3:.2f}", "", "", "", "", "", *before_total)
     a = report["analysis"]
     lines = [
         f"step {report['step_s'] * 1e3:.1f} ms (median; with the category timers "
@@ -416,4 +456,15 @@ def render(report: dict[str, Any]) -> tuple[Table, list[str]]:
         f"GB/s, copy {peak['peak_bytes_per_s'] / 1e9:.1f} GB/s (read + write), "
         f"{peak['threads']} threads",
     ]
+    if before:
+        was_step = before["step_s"]
+        lines.insert(
+            1,
+            f"before: step {was_step * 1e3:.1f} ms (median), now {report['step_s'] * 1e3:.1f} ms: "
+            f"{was_step / report['step_s']:.2f}x as fast (profiles of separate runs: on a busy "
+            f"machine, compare several, or benchmarks/decode_paths.py for steps taken in turn)",
+        )
+        for diff in differences(report, before):
+            lines.insert(2, f"[yellow]warning: the two profiles differ in more than the code: "
+                         f"{escape(diff)}[/yellow]")  # fmt: skip
     return table, lines

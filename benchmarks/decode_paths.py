@@ -8,7 +8,7 @@ noisy machine slows both alike; prints each path's median step and the ratio to 
 Paths: "eager" (enforce_eager=True: eager PyTorch, oneDNN-packed linears), "attention" (the
 eager model with the compiled decode attention of ops/cpu_decode_attention.py: the default
 before the compiled forward) and "compiled" (the default on CPU: steps of decodes run
-engine/model/compiled_decode.py). Greedy tokens of
+engine/model/compiled_forward.py). Greedy tokens of
 every path are compared: the ratio is only printed for paths that agree."""
 
 from __future__ import annotations

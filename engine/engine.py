@@ -168,8 +168,8 @@ class LLMEngine:
         return "compiled" if self.runner.fused_decode else "eager"
 
     @property
-    def decode_forward(self) -> str:
-        """'compiled' (engine/model/compiled_decode.py: steps of decodes only run compiled
+    def model_forward(self) -> str:
+        """'compiled' (engine/model/compiled_forward.py: every step runs compiled
         layers) or 'eager' (asked for, CUDA, fp8 weights or cache, or no C++ compiler)."""
         return "compiled" if self.runner.compiled_forward else "eager"
 

@@ -9,7 +9,7 @@ import torch
 from engine.config import ModelConfig
 from engine.core.request import Request, SamplingParams
 from engine.core.scheduler import SchedulerOutput
-from engine.model import compiled_decode
+from engine.model import compiled_forward
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
 from engine.ops.fp8 import FP8
@@ -30,7 +30,7 @@ class ModelRunner:
     ) -> None:
         """kv_dtype: the cache's storage dtype (default: the model's); fp8 needs `kv_scales`,
         one (k_scale, v_scale) pair per layer (see engine/model/kv_scales.py). compile_decode: use
-        the compiled CPU decode forward and attention where they apply (not fp8, not CUDA)."""
+        the compiled CPU forward and decode attention where they apply (not fp8, not CUDA)."""
         self.model = model
         self.block_size = block_size
         p = model.embed_tokens.weight
@@ -52,9 +52,6 @@ class ModelRunner:
                 )
             )
         self.generator = torch.Generator().manual_seed(seed)
-        # Steps of decodes only: the whole forward compiled (engine/model/compiled_decode.py);
-        # steps with a prefill chunk: the eager model with the compiled decode attention.
-        self.compiled_forward = compile_decode and compiled_decode.warm_up(model, self.kv_caches[0])
         self.fused_decode = (
             compile_decode
             and self.device.type == "cpu"
@@ -66,6 +63,12 @@ class ModelRunner:
                 model_config.head_dim**-0.5,
             )
         )
+        # The compiled forward (engine/model/compiled_forward.py) for every step; the eager
+        # model with the compiled decode attention where it cannot run (its steps with prefill
+        # use that attention too).
+        self.compiled_forward = compile_decode and compiled_forward.warm_up(
+            model, self.kv_caches[0], self._warm_up_step
+        )
 
     @torch.inference_mode()
     def execute(
@@ -75,14 +78,18 @@ class ModelRunner:
         # Decodes (single-token queries) first: attention batches them without padding.
         items = sorted(out.scheduled, key=lambda item: item[1] != 1)
         input_ids, positions, meta = self.prepare_inputs(items, block_tables)
-        if self.compiled_forward and meta.num_decode_tokens == len(input_ids):
+        if not self.compiled_forward:
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        elif meta.num_decode_tokens == len(input_ids):
             mask = meta.decode_mask.view(len(input_ids), -1)
-            hidden = compiled_decode.decode_forward(
+            hidden = compiled_forward.decode_forward(
                 self.model, input_ids, positions, self.kv_caches, meta.slot_mapping,
                 meta.decode_block_tables, mask,
             )  # fmt: skip
         else:
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+            hidden = compiled_forward.step_forward(
+                self.model, input_ids, positions, self.kv_caches, meta
+            )
         ends = np.cumsum([n for _, n in items]) - 1
         done = [i for i, (r, n) in enumerate(items) if r.num_computed_tokens + n == r.num_tokens]
         if not done:
@@ -111,6 +118,17 @@ class ModelRunner:
             hidden.append(self.model(input_ids, positions, self.kv_caches, meta))
             req.num_computed_tokens += n
         return torch.cat(hidden)
+
+    def _warm_up_step(self) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """A step over a 4-block scratch cache for compiled_forward.warm_up: a decode beside a
+        prefill chunk that continues its prompt (the masked prefill path)."""
+        bs = self.block_size
+        decode = Request("warm-decode", list(range(1, bs + 3)), SamplingParams(max_tokens=1))
+        decode.num_computed_tokens = bs + 1
+        chunk = Request("warm-chunk", list(range(2, bs + 6)), SamplingParams(max_tokens=1))
+        chunk.num_computed_tokens = bs - 2
+        tables = {"warm-decode": [3, 1], "warm-chunk": [0, 2]}
+        return self.prepare_inputs([(decode, 1), (chunk, 6)], tables)
 
     def prepare_inputs(
         self, items: list[tuple[Request, int]], block_tables: dict[str, list[int]]

@@ -95,3 +95,39 @@ def test_ops_are_counted_once_under_the_category_that_called_them() -> None:
     direct, linear = ops_seconds([fwd, region, op, inner, head, head_op])
     assert direct == pytest.approx({COMPILED_REST: 900e-6, "LM head": 150e-6})
     assert linear == pytest.approx({COMPILED_REST: 500e-6, "LM head": 150e-6})
+
+
+def test_compare_shows_an_earlier_profile_beside_and_warns_of_other_differences(
+    tmp_path: Path,
+) -> None:
+    before, _ = _profile(tmp_path / "a", "--batch", "2", "--context", "20", "--enforce-eager")
+    out = tmp_path / "b"
+    args = ["profile", "--model", "tiny-llama", "--steps", "3", "--warmup", "1"]
+    result = runner.invoke(
+        app,
+        [
+            *args,
+            "--batch",
+            "2",
+            "--context",
+            "24",
+            "--out",
+            str(out),
+            "--compare",
+            str(tmp_path / "a" / "p"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "before ms/step" in result.output and "as fast" in result.output
+    # Eager before, compiled now: both paths' categories are rows; the other differences said.
+    assert "attention" in result.output and "compiled layers" in result.output
+    assert "context: 20 before, 24 now" in result.output
+    assert "enforce_eager: True before, False now" in result.output
+    assert before["shape"]["context"] == 20
+
+
+def test_compare_with_no_profile_there_fails_before_running(tmp_path: Path) -> None:
+    args = ["profile", "--model", "tiny-llama", "--compare", str(tmp_path / "none")]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "p")])
+    assert result.exit_code == 2 and "cannot read a profile" in result.output
+    assert not (tmp_path / "p").exists()

@@ -78,7 +78,7 @@ def our_runs(monkeypatch_module: pytest.MonkeyPatch) -> tuple[list, dict[str, li
     monkeypatch_module.setattr(engine.runner, "sample", recording_sample)
     llm = LLM("smollm2-135m", dtype="float32", max_num_seqs=16)
     assert llm.llm_engine.decode_attention == "compiled"  # the default path is the one checked
-    assert llm.llm_engine.decode_forward == "compiled"
+    assert llm.llm_engine.model_forward == "compiled"
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     outs = llm.generate(PROMPTS, params)
     return outs, logits_by_request

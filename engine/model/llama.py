@@ -72,16 +72,15 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, cos_sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def project(
+        self, x: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q [T, heads, head_dim] and K, V [T, kv_heads, head_dim], rotary applied."""
         t = x.shape[0]
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rotary(q.view(t, self.num_heads, self.head_dim), cos_sin)
         k = apply_rotary(k.view(t, self.num_kv_heads, self.head_dim), cos_sin)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        o = self.attn(q, k, v, kv_cache, meta)
-        return self.o_proj(o.view(t, self.q_size))
+        return q, k, v.view(t, self.num_kv_heads, self.head_dim)
 
 
 class LlamaMLP(nn.Module):
@@ -102,11 +101,25 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
+    # A layer is: attention inputs (norm, QKV, rotary), attention over the paged cache, and
+    # the rest (O, residual, norm, MLP, residual). The eager forward and the two compiled ones
+    # (engine/model/compiled_forward.py) differ only in how they attend.
+
+    def attention_inputs(
+        self, x: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.self_attn.project(self.input_layernorm(x), cos_sin)
+
+    def attention_output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """x: the layer's input [T, hidden]; o: attention's output [T, heads, head_dim]."""
+        x = x + self.self_attn.o_proj(o.reshape(x.shape[0], self.self_attn.q_size))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
     def forward(
         self, x: torch.Tensor, cos_sin: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        q, k, v = self.attention_inputs(x, cos_sin)
+        return self.attention_output(x, self.self_attn.attn(q, k, v, kv_cache, meta))
 
     def decode(
         self,
@@ -119,19 +132,14 @@ class LlamaDecoderLayer(nn.Module):
         mask: torch.Tensor,  # [B, nb * block_size] bool
     ) -> torch.Tensor:
         """`forward` for a step of decodes only, with the attention formula of
-        ops/cpu_decode_attention.py and no metadata branches: what engine/model/
-        compiled_decode.py compiles into one graph per layer shape."""
-        attn = self.self_attn
-        b, heads, kv_heads, head_dim = x.shape[0], attn.num_heads, attn.num_kv_heads, attn.head_dim
-        qkv = attn.qkv_proj(self.input_layernorm(x))
-        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
-        q = apply_rotary(q.view(b, heads, head_dim), cos_sin)
-        k = apply_rotary(k.view(b, kv_heads, head_dim), cos_sin)
-        write_kv_cache(k, v.view(b, kv_heads, head_dim), KVCache(k_cache, v_cache), slots)
-        q = q.view(b, kv_heads, heads // kv_heads, head_dim)
-        o = decode_attention(q, k_cache, v_cache, block_tables, mask, attn.attn.scale)
-        x = x + attn.o_proj(o.reshape(b, attn.q_size))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        ops/cpu_decode_attention.py and no metadata branches: what the compiled decode forward
+        compiles into one graph (engine/model/compiled_forward.py)."""
+        q, k, v = self.attention_inputs(x, cos_sin)
+        write_kv_cache(k, v, KVCache(k_cache, v_cache), slots)
+        b, kv_heads, head_dim = k.shape
+        q = q.view(b, kv_heads, -1, head_dim)
+        o = decode_attention(q, k_cache, v_cache, block_tables, mask, self.self_attn.attn.scale)
+        return self.attention_output(x, o)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -37,16 +37,28 @@ def packed_product(x: torch.Tensor, packed_weight: torch.Tensor) -> torch.Tensor
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight, None, "none", [], "")
 
 
-# The packed product as an op that inductor calls as it is: its own lowering of
+def packed_linear(x: torch.Tensor, packed_weight: torch.Tensor) -> torch.Tensor:
+    """x [rows, in] times the packed weight: oneDNN at a bucketed row count, MKL from
+    MKL_MIN_ROWS rows."""
+    rows = x.shape[0]
+    if rows >= MKL_MIN_ROWS:
+        return F.linear(x, packed_weight.to_dense())
+    padded = padded_rows(rows)
+    if padded != rows:
+        x = F.pad(x, (0, 0, 0, padded - rows))
+    return packed_product(x, packed_weight)[:rows]
+
+
+# `packed_linear` as an op that inductor calls as it is: its own lowering of
 # `_linear_pointwise` wants the weight to be a constant of the graph (frozen), but the compiled
-# decode forward passes each layer's weights in, so that one graph serves all layers. Defined
-# with torch.library directly: `torch.library.custom_op` cost ~35 us more per call (120 calls
-# a step), this ~7 us.
-_lib = torch.library.Library("servebench", "DEF")
+# forward passes each layer's weights in, so that one graph serves all layers. Defined with
+# torch.library directly: `torch.library.custom_op` cost ~35 us more per call (120 calls a
+# step), this ~7 us.
+_lib = torch.library.Library("servebench", "FRAGMENT")
 _lib.define("packed_linear(Tensor x, Tensor packed_weight, SymInt out_features) -> Tensor")
 _lib.impl(
     "packed_linear",
-    lambda x, packed_weight, out_features: packed_product(x, packed_weight),
+    lambda x, packed_weight, out_features: packed_linear(x, packed_weight),
     "CompositeExplicitAutograd",
 )
 
@@ -82,15 +94,9 @@ class PackedLinear(nn.Module):
         return cls(linear.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [rows, in_features]
-        if torch.compiler.is_compiling():  # decode batches only: always below MKL_MIN_ROWS
+        if torch.compiler.is_compiling():
             return torch.ops.servebench.packed_linear(x, self.packed_weight, self.out_features)
-        rows = x.shape[0]
-        if rows >= MKL_MIN_ROWS:
-            return F.linear(x, self.packed_weight.to_dense())
-        padded = padded_rows(rows)
-        if padded != rows:
-            x = F.pad(x, (0, 0, 0, padded - rows))
-        return packed_product(x, self.packed_weight)[:rows]
+        return packed_linear(x, self.packed_weight)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, oneDNN packed"

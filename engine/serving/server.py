@@ -245,7 +245,7 @@ async def engine_config(request: web.Request) -> web.Response:
                 "kv_cache_bytes": engine.stats()["kv_block_bytes"] * engine.kv.num_blocks,
             },
             "decode_attention": engine.decode_attention,
-            "decode_forward": engine.decode_forward,
+            "model_forward": engine.model_forward,
             "model_shape": asdict(engine.model_config),  # for FLOP counts
         }
     )

@@ -1,6 +1,6 @@
-"""The compiled decode forward (engine/model/compiled_decode.py) computes what the eager model
-does, is what the engine runs for steps of decodes by default, and stays off where it does not
-apply (enforce_eager, fp8) or cannot compile."""
+"""The compiled forward (engine/model/compiled_forward.py) computes what the eager model does,
+is what the engine runs by default, and stays off where it does not apply (enforce_eager, fp8)
+or cannot compile."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model import compiled_decode
+from engine.model import compiled_forward
 
 PROMPTS = [[5, 9, 2, 7] * k for k in (1, 4, 9)] + [[3] * 40]  # 1 to 3 blocks of 16
 
@@ -21,30 +21,35 @@ def _greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-llama-untied"])
-def test_compiled_forward_gives_the_eager_engines_tokens(model: str) -> None:
-    compiled = LLM(model, dtype="float32")
-    eager = LLM(model, dtype="float32", enforce_eager=True)
-    assert compiled.llm_engine.decode_forward == "compiled"
-    assert eager.llm_engine.decode_forward == "eager"
+@pytest.mark.parametrize("budget", [2048, 16])
+def test_compiled_forward_gives_the_eager_engines_tokens(model: str, budget: int) -> None:
+    """budget 16: prompts in chunks that continue earlier ones (the masked prefill path),
+    beside decodes of the prompts already in."""
+    compiled = LLM(model, dtype="float32", max_num_batched_tokens=budget)
+    eager = LLM(model, dtype="float32", max_num_batched_tokens=budget, enforce_eager=True)
+    assert compiled.llm_engine.model_forward == "compiled"
+    assert eager.llm_engine.model_forward == "eager"
     assert _greedy(compiled) == _greedy(eager)
 
 
-def test_compiled_forward_runs_the_decode_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every step of decodes only goes through the compiled forward, one batch size at a time
-    as requests finish (4, then fewer), and steps with a prefill chunk do not."""
+def test_every_step_runs_one_of_the_compiled_kinds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps of decodes only run the decode kind, one batch size at a time as requests finish;
+    steps with prefill (here every prompt in one first step) the step kind."""
     llm = LLM("tiny-llama", dtype="float32")
-    batches: list[int] = []
-    real = compiled_decode.decode_forward
+    calls: list[tuple[str, int]] = []
+    for kind in ("decode_forward", "step_forward"):
+        real = getattr(compiled_forward, kind)
 
-    def counting(model, input_ids, *args):  # type: ignore[no-untyped-def]
-        batches.append(len(input_ids))
-        return real(model, input_ids, *args)
+        def counting(model, input_ids, *args, kind=kind, real=real):  # type: ignore[no-untyped-def]
+            calls.append((kind, len(input_ids)))
+            return real(model, input_ids, *args)
 
-    monkeypatch.setattr(compiled_decode, "decode_forward", counting)
+        monkeypatch.setattr(compiled_forward, kind, counting)
     params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True) for n in (3, 5, 8, 8)]
     llm.generate(PROMPTS, params)
-    # The first step prefills every prompt (and samples each one's first token): eager.
-    assert batches == [4, 4, 3, 3, 2, 2, 2]
+    prompt_tokens = sum(map(len, PROMPTS))
+    decodes = [("decode_forward", b) for b in (4, 4, 3, 3, 2, 2, 2)]
+    assert calls == [("step_forward", prompt_tokens), *decodes]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -71,7 +76,9 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
         want_k, want_v = k.clone(), v.clone()
         want = layer.decode(x, cos_sin, want_k, want_v, slots, tables, mask)
         got_k, got_v = k.clone(), v.clone()
-        got = compiled_decode._compiled()(layer, x, cos_sin, got_k, got_v, slots, tables, mask)
+        got = compiled_forward._compiled("decode")(
+            layer, x, cos_sin, got_k, got_v, slots, tables, mask
+        )
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
@@ -94,18 +101,23 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
 
 
 def test_fp8_and_enforce_eager_stay_eager() -> None:
-    assert LLM("tiny-llama", quantization="fp8").llm_engine.decode_forward == "eager"
-    assert LLM("tiny-llama", kv_cache_dtype="fp8").llm_engine.decode_forward == "eager"
-    assert LLM("tiny-llama", enforce_eager=True).llm_engine.decode_forward == "eager"
+    assert LLM("tiny-llama", quantization="fp8").llm_engine.model_forward == "eager"
+    assert LLM("tiny-llama", kv_cache_dtype="fp8").llm_engine.model_forward == "eager"
+    assert LLM("tiny-llama", enforce_eager=True).llm_engine.model_forward == "eager"
 
 
-def test_warm_up_refuses_a_wrong_compiled_layer(monkeypatch: pytest.MonkeyPatch) -> None:
-    def wrong(layer, x, *args):  # type: ignore[no-untyped-def]
-        return layer.decode(x, *args) + 0.01
+@pytest.mark.parametrize("kind", ["decode", "step"])
+def test_warm_up_refuses_a_wrong_compiled_layer(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    real = compiled_forward._compiled
 
-    monkeypatch.setattr(compiled_decode, "_compiled", lambda: wrong)
-    monkeypatch.setattr(compiled_decode, "_compiled_shapes", set())
-    with pytest.raises(RuntimeError, match="disagrees with the eager one"):
+    def compiled(k: str):  # type: ignore[no-untyped-def]
+        if k != kind:
+            return real(k)
+        return lambda *args: compiled_forward.KINDS[k](*args) + 0.01
+
+    monkeypatch.setattr(compiled_forward, "_compiled", compiled)
+    monkeypatch.setattr(compiled_forward, "_compiled_shapes", set())
+    with pytest.raises(RuntimeError, match=f"compiled {kind} forward disagrees"):
         LLM("tiny-llama", dtype="float32")
 
 
@@ -113,9 +125,9 @@ def test_a_machine_that_cannot_compile_runs_eager(monkeypatch: pytest.MonkeyPatc
     def broken(*args):  # type: ignore[no-untyped-def]
         raise RuntimeError("no C++ compiler")
 
-    monkeypatch.setattr(compiled_decode, "_compiled", lambda: broken)
-    monkeypatch.setitem(compiled_decode._state, "enabled", True)
-    monkeypatch.setattr(compiled_decode, "_compiled_shapes", set())
+    monkeypatch.setattr(compiled_forward, "_compiled", lambda kind: broken)
+    monkeypatch.setitem(compiled_forward._state, "enabled", True)
+    monkeypatch.setattr(compiled_forward, "_compiled_shapes", set())
     llm = LLM("tiny-llama", dtype="float32")
-    assert llm.llm_engine.decode_forward == "eager"
+    assert llm.llm_engine.model_forward == "eager"
     assert len(_greedy(llm, 3)[0]) == 3  # and it still generates

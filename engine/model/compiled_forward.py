@@ -1,0 +1,247 @@
+"""The forward for CPU through torch.compile, one graph per decoder layer shape shared by all
+layers (their weights are inputs of the graph, not constants), in two kinds:
+
+- decode: a step of decodes only runs the whole layer as one graph, in which inductor fuses
+  the norms, rotary, SiLU, residual adds, the cache write and the attention (ops/
+  cpu_decode_attention.py's formula, reading K/V in the paged cache) into C++ loops between the
+  linears, which stay oneDNN's packed products (ops/cpu_linear.py's `servebench::packed_linear`).
+- step: any other step (prefill chunks, alone or beside decodes) runs the layer with its
+  attention as an opaque op, `servebench::paged_attention`, which takes the step's metadata and
+  the layer's cache from the step being computed (as vLLM's attention op reads its forward
+  context): the graph runs up to it and on after it, and inductor fuses what is on either side.
+
+Eagerly, a decode step at a few sequences spent about as long in those small ops and their
+Python dispatch as in the linears (`bench profile`; figures in the README). Sizes are dynamic
+(tokens, sequences, blocks per sequence, pool size), so nothing is padded; dynamo specializes
+sizes of 1, so one sequence or one block compiles once more. `warm_up` compiles at engine start
+and checks each compiled kind against the eager model; a machine that cannot compile stays
+eager."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM
+from engine.ops import AttentionMetadata, KVCache, paged_attention, write_kv_cache
+
+logger = logging.getLogger(__name__)
+
+_state = {"enabled": True}
+MAX_SHAPES = 24  # model/cache/dtype combinations compiled in one process (tests build many)
+
+
+def _layer_decode(
+    layer: LlamaDecoderLayer,
+    x: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    return layer.decode(x, cos_sin, k_cache, v_cache, slots, block_tables, mask)
+
+
+@dataclass
+class _Step:
+    """The step being computed by `step_forward`: what its attention op reads."""
+
+    caches: list[KVCache]
+    meta: AttentionMetadata
+    layer: int = 0  # the next layer to attend: layers call the op once each, in order
+
+
+_current: list[_Step] = []
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """What `servebench::paged_attention` runs (eagerly, between the graph's two halves)."""
+    step = _current[-1]
+    cache = step.caches[step.layer]
+    step.layer += 1
+    write_kv_cache(k, v, cache, step.meta.slot_mapping)
+    return paged_attention(q, cache, step.meta, scale)
+
+
+_lib = torch.library.Library("servebench", "FRAGMENT")
+_lib.define("paged_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor")
+# Through the module's name, so that a profiler can time it (bench_cli/profile.py).
+_lib.impl("paged_attention", lambda *args: attend(*args), "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("servebench::paged_attention")
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.empty_like(q)
+
+
+def _layer_step(layer: LlamaDecoderLayer, x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    q, k, v = layer.attention_inputs(x, cos_sin)
+    o = torch.ops.servebench.paged_attention(q, k, v, layer.self_attn.attn.scale)
+    return layer.attention_output(x, o)
+
+
+KINDS = {"decode": _layer_decode, "step": _layer_step}
+
+
+@functools.cache
+def _compiled(kind: str) -> Callable[..., torch.Tensor]:
+    # Dynamo recompiles one function at most `recompile_limit` ways (8 by default), then runs
+    # it eagerly without a word; each (layer shape, dtype, block size) with one and several
+    # sequences is two ways. vLLM raises the same limit for its compiled models.
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 2 * MAX_SHAPES + 8)
+    return torch.compile(KINDS[kind], dynamic=False)  # dynamic dims: marked per call
+
+
+_compiled_shapes: set[tuple] = set()
+
+
+def _mark_dynamic(
+    x: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
+    mask: torch.Tensor, caches: list[KVCache],
+) -> None:  # fmt: skip
+    for t in (x, cos_sin, slots, tables, mask):
+        torch._dynamo.maybe_mark_dynamic(t, 0)  # sequences
+    torch._dynamo.maybe_mark_dynamic(tables, 1)  # blocks per sequence
+    torch._dynamo.maybe_mark_dynamic(mask, 1)
+    for cache in caches:
+        torch._dynamo.maybe_mark_dynamic(cache.k, 1)  # pool size
+        torch._dynamo.maybe_mark_dynamic(cache.v, 1)
+
+
+def decode_forward(
+    model: LlamaForCausalLM,
+    input_ids: torch.Tensor,  # [B]
+    positions: torch.Tensor,  # [B]
+    kv_caches: list[KVCache],
+    slots: torch.Tensor,  # [B]
+    block_tables: torch.Tensor,  # [B, nb]
+    mask: torch.Tensor,  # [B, nb * block_size] bool
+) -> torch.Tensor:
+    """The model's forward for one token of each of B sequences, [B, hidden]."""
+    assert model.cos_sin is not None, "call prepare() first"
+    cos_sin = model.cos_sin[positions]
+    x = model.embed_tokens(input_ids)
+    _mark_dynamic(x, cos_sin, slots, block_tables, mask, kv_caches)
+    layer_decode = _compiled("decode")
+    for layer, cache in zip(model.layers, kv_caches, strict=True):
+        x = layer_decode(layer, x, cos_sin, cache.k, cache.v, slots, block_tables, mask)
+    return model.norm(x)
+
+
+def step_forward(
+    model: LlamaForCausalLM,
+    input_ids: torch.Tensor,  # [T]
+    positions: torch.Tensor,  # [T]
+    kv_caches: list[KVCache],
+    meta: AttentionMetadata,
+) -> torch.Tensor:
+    """The model's forward for any step, [T, hidden] (as LlamaForCausalLM.forward)."""
+    assert model.cos_sin is not None, "call prepare() first"
+    cos_sin = model.cos_sin[positions]
+    x = model.embed_tokens(input_ids)
+    for t in (x, cos_sin):
+        torch._dynamo.maybe_mark_dynamic(t, 0)  # tokens
+    step = _Step(kv_caches, meta)
+    _current.append(step)
+    try:
+        layer_step = _compiled("step")
+        for layer in model.layers:
+            x = layer_step(layer, x, cos_sin)
+    finally:
+        _current.pop()
+    if step.layer != len(model.layers):  # an op left out or run twice: the cache is wrong
+        raise RuntimeError(f"{step.layer} attention calls for {len(model.layers)} layers")
+    return model.norm(x)
+
+
+def supported(model: LlamaForCausalLM, kv_cache: KVCache) -> bool:
+    """Plain or oneDNN-packed linears and an unscaled cache: fp8 weights and caches take the
+    eager path, whose dequantization this graph does not have."""
+    from engine.ops.cpu_linear import PackedLinear
+
+    linears = (getattr(parent, name) for parent, name in model._layer_linears())
+    plain = all(isinstance(m, torch.nn.Linear | PackedLinear) for m in linears)
+    return plain and kv_cache.k_scale is None and kv_cache.k.device.type == "cpu"
+
+
+def _check(kind: str, got: torch.Tensor, want: torch.Tensor) -> None:
+    tol = max(1e-4, 8 * torch.finfo(want.dtype).eps)
+    scale = want.float().abs().max().item()
+    err = (got.float() - want.float()).abs().max().item()
+    if err > tol * max(scale, 1.0):
+        raise RuntimeError(
+            f"the compiled {kind} forward disagrees with the eager one: max error {err:.3g} "
+            f"on values up to {scale:.3g} (allowed {tol:.3g} relative)"
+        )
+
+
+def warm_up(
+    model: LlamaForCausalLM,
+    kv_cache: KVCache,
+    step_case: Callable[[], tuple[torch.Tensor, torch.Tensor, AttentionMetadata]],
+) -> bool:
+    """Compile both kinds for this model and cache now, on a scratch cache of 4 blocks, and
+    check the first layer compiled against it eager: decodes of one sequence and of two (two
+    blocks each), and `step_case()`'s step (input ids, positions, metadata over those 4
+    blocks). False, and eager from then on for every model, if compiling fails; a compiled
+    kind that disagrees raises."""
+    if not _state["enabled"] or not supported(model, kv_cache):
+        return False
+    p = model.embed_tokens.weight
+    heads, _, block_size, head_dim = kv_cache.k.shape
+    key = (type(model).__name__, tuple(p.shape), len(model.layers), heads, block_size,
+           head_dim, p.dtype, kv_cache.k.dtype, str(p.device))  # fmt: skip
+    if key not in _compiled_shapes and len(_compiled_shapes) >= MAX_SHAPES:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    scratch = (heads, 4, block_size, head_dim)  # 4 blocks
+    k, v = (torch.randn(scratch, generator=gen).to(kv_cache.k.dtype) for _ in "kv")
+    layer, cache = model.layers[0], KVCache(k, v)
+    with torch.inference_mode():
+        try:
+            for b in (1, 2):  # the first layer alone: errors do not compound over layers
+                x = torch.randn(b, p.shape[1], generator=gen).to(p.dtype)
+                positions = torch.tensor([block_size, 2 * block_size - 1])[:b]
+                cos_sin = model.cos_sin[positions]
+                slots = torch.tensor([block_size, 3 * block_size + 5])[:b]
+                tables = torch.tensor([[0, 1], [3, 2]])[:b]
+                mask = torch.arange(2 * block_size)[None] < positions[:, None] + 1
+                args = (slots, tables, mask)
+                want = layer.decode(x, cos_sin, cache.k.clone(), cache.v.clone(), *args)
+                _mark_dynamic(x, cos_sin, *args, [cache])
+                layer_decode = _compiled("decode")
+                got = layer_decode(layer, x, cos_sin, cache.k.clone(), cache.v.clone(), *args)
+                _check("decode", got, want)
+            ids, positions, meta = step_case()
+            x = torch.randn(len(ids), p.shape[1], generator=gen).to(p.dtype)
+            cos_sin = model.cos_sin[positions]
+            want = layer(x, cos_sin, KVCache(cache.k.clone(), cache.v.clone()), meta)
+            for t in (x, cos_sin):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            _current.append(_Step([KVCache(cache.k.clone(), cache.v.clone())], meta))
+            try:
+                got = _compiled("step")(layer, x, cos_sin)
+            finally:
+                _current.pop()
+            _check("step", got, want)
+        except RuntimeError as e:
+            if "disagrees" in str(e):
+                raise
+            return _unavailable(e)
+        except Exception as e:  # inductor needs a working C++ toolchain
+            return _unavailable(e)
+    _compiled_shapes.add(key)
+    return True
+
+
+def _unavailable(e: Exception) -> bool:
+    logger.warning("compiled forward unavailable, staying eager: %s", e)
+    _state["enabled"] = False
+    return False
