@@ -63,6 +63,7 @@ def test_every_flag_the_readme_names_exists() -> None:
         "serve",
         "generate",
         "export-model",
+        "profile",
     ):
         ours |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text(command)))
     readme = (Path(__file__).parent.parent / "README.md").read_text()
