@@ -338,7 +338,7 @@ class InProcessBackend:
         engine = self.engine.engine
         return engine.config.to_dict() | {
             "decode_attention": engine.decode_attention,
-            "decode_forward": engine.decode_forward,
+            "model_forward": engine.model_forward,
         }
 
     async def start(self) -> None:
