@@ -98,7 +98,8 @@ def ours_greedy(hf_checkpoint: Any) -> tuple[list[int], torch.Tensor]:
     llm = LLM(model=str(path), dtype="float32", num_kv_blocks=32, max_model_len=128, device="cpu")
     model = llm.llm_engine.runner.model
     hidden: list[torch.Tensor] = []
-    hook = model.register_forward_hook(lambda _m, _i, out: hidden.append(out.detach().clone()))
+    # The final norm's output is the hidden state, whichever forward (eager or compiled) ran.
+    hook = model.norm.register_forward_hook(lambda _m, _i, out: hidden.append(out.detach().clone()))
     try:
         params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
         (result,) = llm.generate([PROMPT], params)
