@@ -12,6 +12,7 @@ from engine.core.scheduler import SchedulerOutput
 from engine.model import compiled_forward
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
+from engine.ops.attention import token_positions
 from engine.ops.fp8 import FP8
 from engine.sampler import sample
 
@@ -136,59 +137,16 @@ class ModelRunner:
         bs = self.block_size
         starts = np.array([r.num_computed_tokens for r, _ in items], dtype=np.int64)
         q_lens = np.array([n for _, n in items], dtype=np.int64)
-        seq_lens = starts + q_lens
         tokens: list[int] = []
         for r, n in items:
             tokens += r.token_ids[r.num_computed_tokens : r.num_computed_tokens + n]
-        # Position of each token: its request's start + its offset within the chunk.
-        owner = np.repeat(np.arange(len(items)), q_lens)
-        first = np.cumsum(q_lens) - q_lens
-        pos = starts[owner] + np.arange(len(tokens)) - first[owner]
-
-        max_blocks = int(-(-seq_lens.max() // bs))
+        max_blocks = int(-(-(starts + q_lens).max() // bs))
         tables = np.zeros((len(items), max_blocks), dtype=np.int64)
         for i, (r, _) in enumerate(items):
             table = block_tables[r.request_id][:max_blocks]
             tables[i, : len(table)] = table
-        slots = tables[owner, pos // bs] * bs + pos % bs
-
-        nd = int((q_lens == 1).sum())  # items are sorted: decodes come first
         dev = self.device
-
-        def t(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a)).to(dev)
-
-        # Decode: one query per request; key j is valid while j < seq_len.
-        d_blocks = int(-(-seq_lens[:nd].max() // bs)) if nd else 0
-        d_keys = np.arange(d_blocks * bs)
-        d_mask = (d_keys[None, :] < seq_lens[:nd, None])[:, None, None, :]
-
-        # Prefill: queries padded to the longest chunk; query i of a request sees keys up to
-        # its own position (pad rows repeat the last real row, so no row is fully masked).
-        pq = q_lens[nd:]
-        p_blocks = int(-(-seq_lens[nd:].max() // bs)) if len(pq) else 0
-        q_max = int(pq.max()) if len(pq) else 0
-        qi = np.arange(q_max)
-        real = qi[None, :] < pq[:, None]  # [Bp, Qp]
-        p_first = np.cumsum(pq) - pq
-        gather = np.where(real, p_first[:, None] + qi[None, :], 0)
-        scatter = (np.arange(len(pq))[:, None] * q_max + qi[None, :])[real]
-        p_mask = None
-        if starts[nd:].any():
-            q_pos = starts[nd:, None] + np.minimum(qi[None, :], pq[:, None] - 1)
-            p_keys = np.arange(p_blocks * bs)
-            p_mask = t((p_keys[None, None, :] <= q_pos[:, :, None])[:, None, :, :])
-
-        meta = AttentionMetadata(
-            slot_mapping=t(slots),
-            num_decode_tokens=nd,
-            decode_block_tables=t(tables[:nd, :d_blocks]),
-            decode_mask=t(d_mask),
-            decode_fused=self.fused_decode and cpu_decode_attention.usable(nd, d_blocks),
-            prefill_block_tables=t(tables[nd:, :p_blocks]),
-            prefill_gather=t(gather),
-            prefill_scatter=t(scatter),
-            prefill_mask=p_mask,
-        )
+        meta = AttentionMetadata.build(starts, q_lens, tables, bs, dev, self.fused_decode)
+        pos = torch.from_numpy(token_positions(starts, q_lens)).to(dev)
         input_ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
-        return input_ids, t(pos), meta
+        return input_ids, pos, meta

@@ -1,6 +1,7 @@
 """The compiled CPU decode attention computes what the eager gather-then-matmul path does,
 and the engine uses it by default and falls back to eager when it cannot compile."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,20 +22,9 @@ def decode_case(
     k = torch.randn(kv_heads, pool, bs, head_dim, generator=gen).to(cache_dtype)
     v = torch.randn(kv_heads, pool, bs, head_dim, generator=gen).to(cache_dtype)
     tables = torch.randperm(pool, generator=gen)[: batch * nb].view(batch, nb)
-    mask = (torch.arange(nb * bs)[None, :] < lens[:, None])[:, None, None, :]
     q = torch.randn(batch, kv_heads * group, head_dim, generator=gen)
-    empty = torch.zeros(0, dtype=torch.int64)
-    meta = AttentionMetadata(
-        slot_mapping=empty,
-        num_decode_tokens=batch,
-        decode_block_tables=tables,
-        decode_mask=mask,
-        decode_fused=False,
-        prefill_block_tables=empty.view(0, 0),
-        prefill_gather=empty.view(0, 0),
-        prefill_scatter=empty,
-        prefill_mask=None,
-    )
+    ones = np.ones(batch, dtype=np.int64)
+    meta = AttentionMetadata.build(lens.numpy() - 1, ones, tables.numpy(), bs, torch.device("cpu"))
     return q, KVCache(k, v), meta
 
 

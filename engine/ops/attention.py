@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from engine.ops import cpu_decode_attention
 from engine.ops.cpu_decode_attention import fused_decode_attention
 from engine.ops.fp8 import quantize, upcast
 
@@ -44,6 +46,76 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None  # [Bp, 1, Qp, nb * block_size] bool: causal, in context
     # None when every prefill chunk starts at position 0: then plain causal masking is exact
     # for real query rows, and SDPA's causal kernel is much faster than an explicit mask.
+    # The same step unpadded, for one-launch kernels (ops/triton/attention.py):
+    block_tables: torch.Tensor  # [B, nb] int64, every request, decodes first
+    seq_lens: torch.Tensor  # [B] int64: cached tokens + this step's
+    query_start: torch.Tensor  # [B + 1] int64: where each request's tokens start in the step
+
+    @classmethod
+    def build(
+        cls,
+        starts: np.ndarray,  # [B] tokens each request has cached
+        q_lens: np.ndarray,  # [B] tokens it computes in this step; single tokens first
+        tables: np.ndarray,  # [B, >= blocks needed] int64 block tables
+        block_size: int,
+        device: torch.device,
+        fuse_decodes: bool = False,
+    ) -> AttentionMetadata:
+        """The metadata of one step: slots of the new tokens, the padded decode and prefill
+        views the torch path reads, and the flat view the Triton kernel reads."""
+        bs = block_size
+        seq_lens = starts + q_lens
+        owner = np.repeat(np.arange(len(q_lens)), q_lens)
+        pos = token_positions(starts, q_lens)
+        slots = tables[owner, pos // bs] * bs + pos % bs
+        tables = tables[:, : int(-(-seq_lens.max() // bs))]
+        nd = int((q_lens == 1).sum())  # decodes come first
+
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        # Decode: one query per request; key j is valid while j < seq_len.
+        d_blocks = int(-(-seq_lens[:nd].max() // bs)) if nd else 0
+        d_keys = np.arange(d_blocks * bs)
+        d_mask = (d_keys[None, :] < seq_lens[:nd, None])[:, None, None, :]
+
+        # Prefill: queries padded to the longest chunk; query i of a request sees keys up to
+        # its own position (pad rows repeat the last real row, so no row is fully masked).
+        pq = q_lens[nd:]
+        p_blocks = int(-(-seq_lens[nd:].max() // bs)) if len(pq) else 0
+        q_max = int(pq.max()) if len(pq) else 0
+        qi = np.arange(q_max)
+        real = qi[None, :] < pq[:, None]  # [Bp, Qp]
+        p_first = np.cumsum(pq) - pq
+        gather = np.where(real, p_first[:, None] + qi[None, :], 0)
+        scatter = (np.arange(len(pq))[:, None] * q_max + qi[None, :])[real]
+        p_mask = None
+        if starts[nd:].any():
+            q_pos = starts[nd:, None] + np.minimum(qi[None, :], pq[:, None] - 1)
+            p_keys = np.arange(p_blocks * bs)
+            p_mask = t((p_keys[None, None, :] <= q_pos[:, :, None])[:, None, :, :])
+
+        return cls(
+            slot_mapping=t(slots),
+            num_decode_tokens=nd,
+            decode_block_tables=t(tables[:nd, :d_blocks]),
+            decode_mask=t(d_mask),
+            decode_fused=fuse_decodes and cpu_decode_attention.usable(nd, d_blocks),
+            prefill_block_tables=t(tables[nd:, :p_blocks]),
+            prefill_gather=t(gather),
+            prefill_scatter=t(scatter),
+            prefill_mask=p_mask,
+            block_tables=t(tables),
+            seq_lens=t(seq_lens),
+            query_start=t(np.concatenate(([0], np.cumsum(q_lens)))),
+        )
+
+
+def token_positions(starts: np.ndarray, q_lens: np.ndarray) -> np.ndarray:
+    """Absolute position of each of a step's tokens: its request's start + its offset."""
+    owner = np.repeat(np.arange(len(q_lens)), q_lens)
+    first = np.cumsum(q_lens) - q_lens
+    return starts[owner] + np.arange(int(q_lens.sum())) - first[owner]
 
 
 def write_kv_cache(

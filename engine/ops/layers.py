@@ -13,6 +13,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual), x + residual): the residual stream's add and the next norm,
+    one kernel in the Triton backend."""
+    total = x + residual
+    return rms_norm(total, weight, eps), total
+
+
 def rotary_cos_sin(
     head_dim: int, max_positions: int, theta: float, dtype: torch.dtype, device: torch.device
 ) -> torch.Tensor:
@@ -30,6 +39,13 @@ def apply_rotary(x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
     sin = cos_sin[:, 1].unsqueeze(1)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+def rotary_qk(
+    q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both rotated (one in-place kernel in the Triton backend)."""
+    return apply_rotary(q, cos_sin), apply_rotary(k, cos_sin)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

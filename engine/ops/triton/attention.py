@@ -1,0 +1,146 @@
+"""Unified paged attention: decode queries and prefill chunks of a step in one launch.
+
+One program takes BLOCK_Q query tokens of one sequence and all GROUP query heads that share
+one KV head (BLOCK_M = BLOCK_Q * GROUP rows, padded to a power of two), walks that sequence's
+keys TILE at a time through its block table, and keeps an online softmax in float32, so each
+K/V tile is read once for the whole group. The causal rule is on absolute positions: the
+chunk's queries sit at the end of the sequence (after `seq_len - query_len` cached tokens),
+so a decode, a first chunk and a chunk continuing mid-block are all the same case. The design
+follows vLLM's triton_unified_attention (2D variant)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.ops.attention import AttentionMetadata, KVCache
+from engine.ops.triton.cast import INTERPRET, cast, dot_dtype, dot_precision
+
+
+@triton.jit
+def _find_sequence(query_start_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
+    """The sequence that owns global query block `q_block`. Sequence i's blocks are numbered
+    from query_start[i] // BLOCK_Q + i on (an upper bound of the blocks before it, so no
+    prefix sum over block counts is needed): the last i whose first block is <= q_block."""
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(query_start_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attention_kernel(
+    out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
+    block_tables_ptr, seq_lens_ptr, query_start_ptr, scale, num_seqs, num_heads, head_dim,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_ch, stride_cb, stride_cs, stride_bt,
+    GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(query_start_ptr, num_seqs, q_block, BLOCK_Q)
+    q_start = tl.load(query_start_ptr + seq)
+    q_len = tl.load(query_start_ptr + seq + 1) - q_start
+    local = q_block - (q_start // BLOCK_Q + seq)
+    if local * BLOCK_Q < q_len:  # else a spare program of the upper-bound numbering
+        seq_len = tl.load(seq_lens_ptr + seq)
+        context = seq_len - q_len  # tokens cached before this step's chunk
+
+        rows = tl.arange(0, BLOCK_M)
+        q_idx = local * BLOCK_Q + rows // GROUP  # query token within the chunk
+        head = kv_head * GROUP + rows % GROUP
+        row_ok = (rows < BLOCK_Q * GROUP) & (q_idx < q_len)
+        dims = tl.arange(0, DIM)
+        dim_ok = dims < head_dim
+        q_rows = (q_start + q_idx) * stride_qt + head * stride_qh
+        q = tl.load(q_ptr + q_rows[:, None] + dims[None, :],
+                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)  # fmt: skip
+        out_dtype = q.dtype
+        q = q.to(DOT_DTYPE)
+        q_pos = context + q_idx  # absolute position: keys up to it are visible
+
+        k_scale = 1.0
+        v_scale = 1.0
+        if FP8:
+            k_scale = tl.load(k_scale_ptr + kv_head)
+            v_scale = tl.load(v_scale_ptr + kv_head)
+        m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        total = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, DIM], tl.float32)
+        keys = tl.arange(0, TILE)
+        num_keys = tl.minimum(seq_len, context + (local + 1) * BLOCK_Q)  # the last row's view
+        for start in range(0, num_keys, TILE):
+            key = start + keys
+            key_ok = key < num_keys
+            block = tl.load(block_tables_ptr + seq * stride_bt + key // BLOCK_SIZE,
+                            mask=key_ok, other=0)  # fmt: skip
+            slot = kv_head * stride_ch + block.to(tl.int64) * stride_cb
+            slot += (key % BLOCK_SIZE) * stride_cs
+            k = tl.load(
+                k_cache_ptr + slot[None, :] + dims[:, None],
+                mask=dim_ok[:, None] & key_ok[None, :],
+                other=0.0,
+            )  # [DIM, TILE]
+            v = tl.load(
+                v_cache_ptr + slot[:, None] + dims[None, :],
+                mask=key_ok[:, None] & dim_ok[None, :],
+                other=0.0,
+            )  # [TILE, DIM]
+            if FP8:
+                k = k.to(tl.float32) * k_scale
+                v = v.to(tl.float32) * v_scale
+            s = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * scale
+            visible = row_ok[:, None] & (key[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_new = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row with nothing visible yet
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            total = total * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None]
+            acc += tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+            m = m_new
+        acc = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+        o_rows = (q_start + q_idx) * stride_ot + head * stride_oh
+        tl.store(out_ptr + o_rows[:, None] + dims[None, :], cast(acc, out_dtype, INTERPRET),
+                 mask=row_ok[:, None] & dim_ok[None, :])  # fmt: skip
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, heads, head_dim]
+    cache: KVCache,
+    meta: AttentionMetadata,
+    scale: float,
+    tile: int | None = None,
+) -> torch.Tensor:
+    """tile: keys per inner step (a power of two >= 16; default 16 in the interpreter, 32 on
+    a GPU); it need not match the cache's block size."""
+    tokens, num_heads, head_dim = q.shape
+    kv_heads, _, block_size, _ = cache.k.shape
+    assert q.stride(-1) == 1 and cache.k.is_contiguous() and cache.k.stride() == cache.v.stride()
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    num_seqs = meta.seq_lens.shape[0]
+    if tokens == 0:
+        return out
+    group = num_heads // kv_heads
+    block_m = max(16, triton.next_power_of_2(group))  # tl.dot wants 16 rows at least
+    block_q = block_m // group
+    fp8 = cache.k_scale is not None
+    _attention_kernel[(tokens // block_q + num_seqs, kv_heads)](
+        out, q, cache.k, cache.v, cache.k_scale if fp8 else q, cache.v_scale if fp8 else q,
+        meta.block_tables, meta.seq_lens, meta.query_start, scale, num_seqs, num_heads,
+        head_dim, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        cache.k.stride(0), cache.k.stride(1), cache.k.stride(2), meta.block_tables.stride(0),
+        GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_SIZE=block_size,
+        TILE=tile or (16 if INTERPRET else 32), DIM=max(16, triton.next_power_of_2(head_dim)),
+        FP8=fp8, DOT_DTYPE=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
+        INTERPRET=INTERPRET,
+    )  # fmt: skip
+    return out
