@@ -59,6 +59,13 @@ KVReservation = Annotated[
 EnforceEager = Annotated[
     bool, typer.Option(help="eager PyTorch only: no compiled CPU decode attention")
 ]
+AttentionBackend = Annotated[
+    str,
+    typer.Option(
+        help="auto | torch | triton: the attention layer's kernels (auto: triton on CUDA; "
+        "triton without CUDA runs Triton's interpreter, slow)"
+    ),
+]
 
 
 def engine_line(engine: Any) -> str:
@@ -71,8 +78,8 @@ def engine_line(engine: Any) -> str:
         f"weights {engine.weight_bytes / 2**20:.0f} MiB ({held}; "
         f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
         f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
-        f"({c.cache.kv_cache_dtype}) · decode attention {engine.decode_attention}, "
-        f"forward {engine.model_forward}"
+        f"({c.cache.kv_cache_dtype}) · {c.attention_backend} kernels, decode attention "
+        f"{engine.decode_attention}, forward {engine.model_forward}"
     )
 
 
@@ -107,6 +114,7 @@ def generate(
     quantization: Quantization = None,
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
+    attention_backend: AttentionBackend = "auto",
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
@@ -195,6 +203,7 @@ def serve(
     quantization: Quantization = None,
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
+    attention_backend: AttentionBackend = "auto",
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
@@ -343,6 +352,9 @@ def run(
     enforce_eager: Annotated[
         bool | None, Opt(help="engine: no compiled CPU decode attention")
     ] = None,
+    attention_backend: Annotated[
+        str | None, Opt(help="engine: auto | torch | triton (attention-layer kernels)")
+    ] = None,
     enable_prefix_caching: Annotated[
         bool | None, Opt(help="engine: reuse cached prompt prefixes (default on)")
     ] = None,
@@ -448,6 +460,7 @@ def profile(
     quantization: Quantization = None,
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
+    attention_backend: AttentionBackend = "auto",
     block_size: BlockSize = 16,
     num_kv_blocks: NumKVBlocks = None,
     kv_cache_memory_gb: KVMemory = None,

@@ -31,7 +31,7 @@ from bench_cli.export import environment, run_dir, write_json
 from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
-from engine.model import compiled_forward
+from engine.model import compiled_forward, triton_forward
 
 ENGINE_REST = "engine (Python, rest)"
 FORWARD_REST = "norm, rope, activation, residual"
@@ -138,9 +138,16 @@ def _targets(engine: LLMEngine, compiled: bool) -> Iterator[tuple[Any, str, str]
         yield compiled_forward, "step_forward", COMPILED_REST
         yield compiled_forward, "attend", "attention"  # steps with prefill: an op of its own
         return
-    yield model, "forward", FORWARD_REST
     for parent, name in model._layer_linears():
         yield getattr(parent, name), "forward", "linears"
+    if engine.runner.triton:  # the kernels are functions of one module, called through it
+        from engine.ops import triton as kernels
+
+        yield triton_forward, "forward", FORWARD_REST
+        yield kernels, "write_kv_cache", "attention"
+        yield kernels, "paged_attention", "attention"
+        return
+    yield model, "forward", FORWARD_REST
     for layer in model.layers:
         yield layer.self_attn.attn, "forward", "attention"
 

@@ -80,6 +80,11 @@ class EngineConfig:
     # False: on CPU, decode attention is a torch.compile'd kernel reading K/V in place
     # (engine/ops/cpu_decode_attention.py), compiled at start-up. True: eager PyTorch only.
     enforce_eager: bool = False
+    # Kernels of the attention layer (attention, cache write, rotary, norms). torch: the
+    # PyTorch ops (engine/ops), compiled on CPU unless enforce_eager. triton: engine/ops/triton,
+    # compiled on CUDA, in Triton's interpreter elsewhere (slow: for tests). auto: triton on
+    # CUDA where triton is installed, else torch. Recorded as resolved.
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -107,6 +112,11 @@ class EngineConfig:
             )
         if s.batching not in ("continuous", "static"):
             raise ValueError(f"batching must be 'continuous' or 'static', got {s.batching!r}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(
+                "attention_backend must be 'auto', 'torch' or 'triton', "
+                f"got {self.attention_backend!r}"
+            )
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {self.dtype!r}")
         if c.kv_cache_dtype not in KV_CACHE_DTYPES:

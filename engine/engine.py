@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +24,8 @@ from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.ops.cpu_linear import onednn_packing_enabled
 from engine.ops.fp8 import FP8
 from engine.runner import ModelRunner
+
+logger = logging.getLogger(__name__)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 CHILD_SEP = "\x1f"  # parent id + this + index: a child's id (no client writes it)
@@ -86,11 +90,25 @@ def resolve_dtype(dtype: str, device: torch.device) -> str:
     return "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"
 
 
+def resolve_attention_backend(backend: str, device: torch.device) -> str:
+    """'auto' is triton on CUDA where the package is installed, torch elsewhere (on CPU
+    Triton's kernels only run in its interpreter)."""
+    has_triton = importlib.util.find_spec("triton") is not None
+    if backend == "triton" and not has_triton:
+        raise ValueError("attention_backend='triton' needs the triton package (pip install triton)")
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and has_triton else "torch"
+    if backend == "triton" and device.type != "cuda":
+        logger.warning("attention_backend='triton' without CUDA runs Triton's interpreter: slow")
+    return backend
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         config.dtype = resolve_dtype(config.dtype, self.device)  # recorded as resolved
+        config.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
         dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
         model_key = ModelKey(
@@ -134,6 +152,7 @@ class LLMEngine:
             kv_dtype,
             _kv_scales(model_key) if kv_dtype == FP8 else None,
             compile_decode=not config.enforce_eager,
+            attention_backend=config.attention_backend,
         )
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
@@ -164,13 +183,19 @@ class LLMEngine:
     @property
     def decode_attention(self) -> str:
         """What `enforce_eager` resolved to here: 'compiled' (ops/cpu_decode_attention.py)
-        or 'eager' (asked for, CUDA, an fp8 cache, or no C++ compiler)."""
+        or 'eager' (asked for, CUDA, an fp8 cache, or no C++ compiler); 'triton' under the
+        Triton backend."""
+        if self.runner.triton:
+            return "triton"
         return "compiled" if self.runner.fused_decode else "eager"
 
     @property
     def model_forward(self) -> str:
         """'compiled' (engine/model/compiled_forward.py: every step runs compiled
-        layers) or 'eager' (asked for, CUDA, fp8 weights or cache, or no C++ compiler)."""
+        layers) or 'eager' (asked for, CUDA, fp8 weights or cache, or no C++ compiler);
+        'triton' (engine/model/triton_forward.py) under the Triton backend."""
+        if self.runner.triton:
+            return "triton"
         return "compiled" if self.runner.compiled_forward else "eager"
 
     def add_request(

@@ -9,7 +9,7 @@ import torch
 from engine.config import ModelConfig
 from engine.core.request import Request, SamplingParams
 from engine.core.scheduler import SchedulerOutput
-from engine.model import compiled_forward
+from engine.model import compiled_forward, triton_forward
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
 from engine.ops.attention import token_positions
@@ -28,10 +28,13 @@ class ModelRunner:
         kv_dtype: torch.dtype | None = None,
         kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         compile_decode: bool = False,
+        attention_backend: str = "torch",
     ) -> None:
         """kv_dtype: the cache's storage dtype (default: the model's); fp8 needs `kv_scales`,
         one (k_scale, v_scale) pair per layer (see engine/model/kv_scales.py). compile_decode: use
-        the compiled CPU forward and decode attention where they apply (not fp8, not CUDA)."""
+        the compiled CPU forward and decode attention where they apply (not fp8, not CUDA).
+        attention_backend: "torch" (the ops in engine/ops) or "triton" (every step through
+        engine/model/triton_forward.py; nothing compiled by torch then)."""
         self.model = model
         self.block_size = block_size
         p = model.embed_tokens.weight
@@ -53,6 +56,8 @@ class ModelRunner:
                 )
             )
         self.generator = torch.Generator().manual_seed(seed)
+        self.triton = attention_backend == "triton"
+        compile_decode = compile_decode and not self.triton
         self.fused_decode = (
             compile_decode
             and self.device.type == "cpu"
@@ -79,8 +84,8 @@ class ModelRunner:
         # Decodes (single-token queries) first: attention batches them without padding.
         items = sorted(out.scheduled, key=lambda item: item[1] != 1)
         input_ids, positions, meta = self.prepare_inputs(items, block_tables)
-        if not self.compiled_forward:
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        if self.triton or not self.compiled_forward:
+            hidden = self.forward(input_ids, positions, meta)
         elif meta.num_decode_tokens == len(input_ids):
             mask = meta.decode_mask.view(len(input_ids), -1)
             hidden = compiled_forward.decode_forward(
@@ -116,9 +121,17 @@ class ModelRunner:
         while req.num_computed_tokens < len(token_ids):
             n = min(chunk_size, len(token_ids) - req.num_computed_tokens)
             input_ids, positions, meta = self.prepare_inputs([(req, n)], tables)
-            hidden.append(self.model(input_ids, positions, self.kv_caches, meta))
+            hidden.append(self.forward(input_ids, positions, meta))
             req.num_computed_tokens += n
         return torch.cat(hidden)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The eager forward of this runner's attention backend."""
+        if self.triton:
+            return triton_forward.forward(self.model, input_ids, positions, self.kv_caches, meta)
+        return self.model(input_ids, positions, self.kv_caches, meta)
 
     def _warm_up_step(self) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """A step over a 4-block scratch cache for compiled_forward.warm_up: a decode beside a

@@ -15,10 +15,10 @@ import triton
 import triton.language as tl
 
 from engine.ops.attention import AttentionMetadata, KVCache
-from engine.ops.triton.cast import INTERPRET, cast, dot_dtype, dot_precision
+from engine.ops.triton.cast import INTERPRET, cast, device_function, dot_dtype, dot_precision
 
 
-@triton.jit
+@device_function
 def _find_sequence(query_start_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
     """The sequence that owns global query block `q_block`. Sequence i's blocks are numbered
     from query_start[i] // BLOCK_Q + i on (an upper bound of the blocks before it, so no
@@ -120,8 +120,9 @@ def paged_attention(
     scale: float,
     tile: int | None = None,
 ) -> torch.Tensor:
-    """tile: keys per inner step (a power of two >= 16; default 16 in the interpreter, 32 on
-    a GPU); it need not match the cache's block size."""
+    """tile: keys per inner step (a power of two >= 16, 32 by default); it need not match
+    the cache's block size. The interpreter, which pays per operation rather than per element,
+    takes 64 keys and 32 query rows a program."""
     tokens, num_heads, head_dim = q.shape
     kv_heads, _, block_size, _ = cache.k.shape
     assert q.stride(-1) == 1 and cache.k.is_contiguous() and cache.k.stride() == cache.v.stride()
@@ -130,7 +131,7 @@ def paged_attention(
     if tokens == 0:
         return out
     group = num_heads // kv_heads
-    block_m = max(16, triton.next_power_of_2(group))  # tl.dot wants 16 rows at least
+    block_m = max(32 if INTERPRET else 16, triton.next_power_of_2(group))  # tl.dot: >= 16
     block_q = block_m // group
     fp8 = cache.k_scale is not None
     _attention_kernel[(tokens // block_q + num_seqs, kv_heads)](
@@ -139,7 +140,7 @@ def paged_attention(
         head_dim, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.k.stride(0), cache.k.stride(1), cache.k.stride(2), meta.block_tables.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_SIZE=block_size,
-        TILE=tile or (16 if INTERPRET else 32), DIM=max(16, triton.next_power_of_2(head_dim)),
+        TILE=tile or (64 if INTERPRET else 32), DIM=max(16, triton.next_power_of_2(head_dim)),
         FP8=fp8, DOT_DTYPE=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
         INTERPRET=INTERPRET,
     )  # fmt: skip

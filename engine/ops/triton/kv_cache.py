@@ -9,46 +9,49 @@ import triton.language as tl
 
 from engine.ops.attention import KVCache
 from engine.ops.fp8 import FP8_MAX
-from engine.ops.triton.cast import INTERPRET, cast
+from engine.ops.triton.cast import INTERPRET, cast, device_function
 
 
-@triton.jit
+@device_function
 def _store(
-    cache_ptr, src_ptr, scale_ptr, t, slot, num_heads, head_dim,
+    cache_ptr, src_ptr, scale_ptr, tokens, slots, rows, head, head_dim,
     stride_t, stride_h, stride_ch, stride_cb, stride_cs,
-    BLOCK_SIZE: tl.constexpr, HEADS: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr,
     FP8_MAX: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    heads = tl.arange(0, HEADS)
     dims = tl.arange(0, DIM)
-    ok = (heads < num_heads)[:, None] & (dims < head_dim)[None, :]
-    x = tl.load(src_ptr + t * stride_t + heads[:, None] * stride_h + dims[None, :], mask=ok)
+    ok = (rows >= 0)[:, None] & (dims < head_dim)[None, :]
+    x = tl.load(src_ptr + (tokens * stride_t + head * stride_h)[:, None] + dims[None, :],
+                mask=ok)  # fmt: skip
     x = x.to(tl.float32)
     if FP8:  # as engine/ops/fp8.py's quantize: divide, clamp, round
-        scale = tl.load(scale_ptr + heads, mask=heads < num_heads, other=1.0)
+        scale = tl.load(scale_ptr + head, mask=rows >= 0, other=1.0)
         x = tl.clamp(x / scale[:, None], -FP8_MAX, FP8_MAX)
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    dst = cache_ptr + heads[:, None] * stride_ch + block * stride_cb + offset * stride_cs
-    tl.store(dst + dims[None, :], cast(x, cache_ptr.dtype.element_ty, INTERPRET), mask=ok)
+    block, offset = slots // BLOCK_SIZE, slots % BLOCK_SIZE
+    dst = cache_ptr + head * stride_ch + block.to(tl.int64) * stride_cb + offset * stride_cs
+    tl.store(dst[:, None] + dims[None, :], cast(x, cache_ptr.dtype.element_ty, INTERPRET),
+             mask=ok)  # fmt: skip
 
 
 @triton.jit
 def _write_kernel(
     k_cache_ptr, v_cache_ptr, k_ptr, v_ptr, k_scale_ptr, v_scale_ptr, slots_ptr,
-    num_heads, head_dim, stride_kt, stride_kh, stride_vt, stride_vh,
+    num_rows, num_heads, head_dim, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_ch, stride_cb, stride_cs,
-    BLOCK_SIZE: tl.constexpr, HEADS: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr,
     FP8_MAX: tl.constexpr, INTERPRET: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0)
-    slot = tl.load(slots_ptr + t)
-    if slot >= 0:  # a negative slot is a padding token: nothing to keep
-        _store(k_cache_ptr, k_ptr, k_scale_ptr, t, slot, num_heads, head_dim, stride_kt,
-               stride_kh, stride_ch, stride_cb, stride_cs, BLOCK_SIZE, HEADS, DIM, FP8,
-               FP8_MAX, INTERPRET)  # fmt: skip
-        _store(v_cache_ptr, v_ptr, v_scale_ptr, t, slot, num_heads, head_dim, stride_vt,
-               stride_vh, stride_ch, stride_cb, stride_cs, BLOCK_SIZE, HEADS, DIM, FP8,
-               FP8_MAX, INTERPRET)  # fmt: skip
+    """ROWS (token, KV head) rows; a negative slot is a padding token: nothing to keep."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    tokens, head = rows // num_heads, rows % num_heads
+    slots = tl.load(slots_ptr + tokens, mask=rows < num_rows, other=-1)
+    rows = tl.where(slots >= 0, rows, -1)
+    _store(k_cache_ptr, k_ptr, k_scale_ptr, tokens, slots, rows, head, head_dim, stride_kt,
+           stride_kh, stride_ch, stride_cb, stride_cs, BLOCK_SIZE, DIM, FP8, FP8_MAX,
+           INTERPRET)  # fmt: skip
+    _store(v_cache_ptr, v_ptr, v_scale_ptr, tokens, slots, rows, head, head_dim, stride_vt,
+           stride_vh, stride_ch, stride_cb, stride_cs, BLOCK_SIZE, DIM, FP8, FP8_MAX,
+           INTERPRET)  # fmt: skip
 
 
 def write_kv_cache(
@@ -63,10 +66,11 @@ def write_kv_cache(
     if tokens == 0:
         return
     fp8 = cache.k_scale is not None
-    _write_kernel[(tokens,)](
+    rows = 128 if INTERPRET else 8  # the interpreter pays per program, a GPU per row
+    _write_kernel[(triton.cdiv(tokens * heads, rows),)](
         cache.k, cache.v, k, v, cache.k_scale if fp8 else k, cache.v_scale if fp8 else v,
-        slot_mapping, heads, head_dim, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
-        BLOCK_SIZE=cache.k.shape[2], HEADS=triton.next_power_of_2(heads),
-        DIM=triton.next_power_of_2(head_dim), FP8=fp8, FP8_MAX=FP8_MAX, INTERPRET=INTERPRET,
+        slot_mapping, tokens * heads, heads, head_dim, k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
+        ROWS=rows, BLOCK_SIZE=cache.k.shape[2], DIM=triton.next_power_of_2(head_dim), FP8=fp8,
+        FP8_MAX=FP8_MAX, INTERPRET=INTERPRET,
     )  # fmt: skip

@@ -49,7 +49,7 @@ def _launch(
     if residual is not None:
         r2 = residual.reshape(-1, hidden).contiguous()
         total = torch.empty_like(out)
-    rows = 16 if INTERPRET else 1  # the interpreter pays per program, a GPU per row
+    rows = 64 if INTERPRET else 1  # the interpreter pays per program, a GPU per row
     _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
         out, total if total is not None else out, x2, r2 if r2 is not None else x2, weight,
         eps, x2.shape[0], hidden, x2.stride(0), (r2 if r2 is not None else x2).stride(0),
