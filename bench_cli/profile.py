@@ -26,12 +26,13 @@ import torch
 from rich.markup import escape
 from rich.table import Table
 
-from bench_cli.claims.utilization import matmul_params, measure_peak
+from bench_cli.device_peak import measure_peak
 from bench_cli.export import environment, run_dir, write_json
 from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
 from engine.model import compiled_forward, triton_forward
+from engine.model.cost import matmul_params
 
 ENGINE_REST = "engine (Python, rest)"
 FORWARD_REST = "norm, rope, activation, residual"

@@ -158,15 +158,16 @@ def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | Non
     return fig
 
 
-def steps_figure(steps: pd.DataFrame, t0: float) -> Figure:
-    """What each engine step computed: prefill and decode tokens, its time, KV blocks."""
+def steps_figure(steps: pd.DataFrame, t0: float, peak: dict[str, Any] | None = None) -> Figure:
+    """What each engine step computed: prefill and decode tokens, its time, KV blocks, and (in
+    step logs that count them, engine/model/cost.py) its achieved model FLOP/s and bytes/s
+    against this device's measured peak (bench_cli/device_peak.py)."""
     t = steps["t"] - t0
-    fig = make_subplots(
-        rows=3,
-        cols=1,
-        shared_xaxes=True,
-        subplot_titles=("tokens per step", "step time (ms)", "KV blocks used"),
-    )
+    rates = "flops" in steps and steps["flops"].notna().any()
+    titles = ["tokens per step", "step time (ms)", "KV blocks used"]
+    if rates:
+        titles += ["achieved GFLOP/s (model FLOPs)", "achieved GB/s (weights + KV read + written)"]
+    fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles)
     fig.add_trace(go.Bar(x=t, y=steps["prefill_tokens"], name="prefill"), row=1, col=1)
     fig.add_trace(go.Bar(x=t, y=steps["decode_tokens"], name="decode"), row=1, col=1)
     fig.add_trace(
@@ -179,11 +180,62 @@ def steps_figure(steps: pd.DataFrame, t0: float) -> Figure:
     fig.add_trace(
         go.Scatter(x=t, y=steps["kv_blocks_used"], mode="lines", name="KV blocks"), row=3, col=1
     )
+    if rates:
+        moved = steps["weight_bytes"] + steps["kv_read_bytes"] + steps["kv_write_bytes"]
+        kind = steps["prefill_tokens"].gt(0).map({True: "steps with prefill", False: "decode"})
+        for row, values, scale in ((4, steps["flops"], 1e9), (5, moved, 1e9)):
+            for name in ("decode", "steps with prefill"):
+                sel = kind == name
+                fig.add_trace(
+                    go.Scatter(
+                        x=t[sel], y=values[sel] / steps["dur_s"][sel] / scale, mode="markers",
+                        name=f"{name} ({'FLOP/s' if row == 4 else 'bytes/s'})",
+                        marker={"size": 3},
+                    ),
+                    row=row,
+                    col=1,
+                )  # fmt: skip
+        if peak:
+            lines = ((4, peak["peak_flops"], "matmul peak"),
+                     (5, peak["peak_read_bytes_per_s"], "read peak"))  # fmt: skip
+            for row, value, label in lines:
+                fig.add_hline(
+                    y=value / 1e9, line_dash="dash", annotation_text=f"{label} {value / 1e9:.0f}",
+                    row=row, col=1,
+                )  # fmt: skip
     fig.update_layout(
-        barmode="stack", title="Engine steps (t=0: the first scheduled send)", height=750
+        barmode="stack",
+        title="Engine steps (t=0: the first scheduled send)",
+        height=250 * len(titles),
     )
-    fig.update_xaxes(title_text="time (s)", row=3, col=1)
+    fig.update_xaxes(title_text="time (s)", row=len(titles), col=1)
     return fig
+
+
+def utilization_text(steps: pd.DataFrame, peak: dict[str, Any] | None) -> str:
+    """Time-weighted achieved rates of decode steps and of steps with prefill (total FLOPs or
+    bytes / total step time), as a share of the peak where it was measured."""
+    if "flops" not in steps or not steps["flops"].notna().any():
+        return ""
+    moved = steps["weight_bytes"] + steps["kv_read_bytes"] + steps["kv_write_bytes"]
+    parts = []
+    for name, sel in (("decode steps", steps["prefill_tokens"].eq(0)),
+                      ("steps with prefill", steps["prefill_tokens"].gt(0))):  # fmt: skip
+        time_s = steps["dur_s"][sel].sum()
+        if not sel.any() or time_s <= 0:
+            continue
+        flops, bw = steps["flops"][sel].sum() / time_s, moved[sel].sum() / time_s
+        text = f"{name}: {flops / 1e9:.1f} GFLOP/s, {bw / 1e9:.1f} GB/s"
+        if peak:
+            text += (
+                f" ({flops / peak['peak_flops']:.0%} of matmul peak, "
+                f"{bw / peak['peak_read_bytes_per_s']:.0%} of read bandwidth)"
+            )
+        parts.append(text)
+    if not parts:
+        return ""
+    where = "against peaks measured on this machine" if peak else "no device peak recorded"
+    return f"Engine utilization ({where}): " + "; ".join(parts) + "."
 
 
 PALETTE = tuple(dict.fromkeys(qualitative.Plotly + qualitative.Dark24))
@@ -454,13 +506,19 @@ def run_report(run: Path, embed: bool = True) -> Path:
     timeline = pd.read_csv(run / "timeline.csv") if (run / "timeline.csv").is_file() else None
     figs = [latency_figure(records), timeline_figure(records), throughput_figure(records, timeline)]
     steps_file = run / "steps.jsonl"
+    peak = summary.get("config", {}).get("device_peak")
+    utilization = ""
     if steps_file.is_file() and steps_file.stat().st_size:
-        figs.append(steps_figure(pd.read_json(steps_file, lines=True), summary.get("clock_t0", 0)))
+        steps = pd.read_json(steps_file, lines=True)
+        figs.append(steps_figure(steps, summary.get("clock_t0", 0), peak))
+        utilization = utilization_text(steps, peak)
     head = {label: summary.get(key) for key, label in RUN_HEADLINE}
     table = pd.DataFrame([head]).to_html(index=False, float_format=_number, na_rep="-")
     table += _latency_table(summary) + _class_table(summary)
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in summary.get("warnings", []))
     intro = html.escape(describe_run(summary, run.name))
+    if utilization:
+        intro += f"<p>{html.escape(utilization)}</p>"
     out = run / "report.html"
     out.write_text(
         _page(f"servebench run {run.name}", intro + f"<ul>{warnings}</ul>", figs, table, embed)

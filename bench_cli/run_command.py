@@ -126,6 +126,8 @@ def run_one(
                     f"{escape(names)} ignored",
                     highlight=False,
                 )
+        if config.get("engine"):  # engine steps to divide by it: see bench_cli/device_peak.py
+            config["device_peak"] = _device_peak(config["engine"], console)
         write_json(out_dir / "config.json", config | environment())
         view = _live_view(cfg, console) if dashboard else None
         summary, outcome = measure(cfg, built, backend, target, out_dir, view)
@@ -224,3 +226,22 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
         return asyncio.create_task(Dashboard(runner, telemetry, title, rate, console).run())
 
     return start
+
+
+def _device_peak(engine: dict[str, Any], console: Console) -> dict[str, Any] | None:
+    """The peak of the device the bundled engine runs on (this machine), for the report's
+    utilization: cached per machine, measured (a few seconds) the first time."""
+    import torch
+
+    from bench_cli.device_peak import device_peak
+
+    device = engine.get("device") or "auto"
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = {"bfloat16": torch.bfloat16}.get(engine.get("dtype", ""), torch.float32)
+    with console.status("measuring this device's peak FLOP/s and bandwidth (once a machine) ..."):
+        try:
+            return device_peak(device, dtype)
+        except (RuntimeError, ValueError) as e:
+            console.print(f"[yellow]note:[/] device peak not measured: {escape(str(e))}")
+            return None

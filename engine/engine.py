@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
 from engine.core.scheduler import Scheduler
+from engine.model.cost import step_cost
 from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -372,7 +373,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         if self._step_log is not None:  # before advance(): what each request is doing now
             decode = sum(n for r, n in out.scheduled if r.num_computed_tokens == r.num_tokens - 1)
-            context = sum(r.num_computed_tokens + n for r, n in out.scheduled)
+            chunks = [(r.num_computed_tokens, n) for r, n in out.scheduled]
         self._counters["prompt_tokens_computed"] += sum(
             max(0, min(r.num_prompt_tokens, r.num_computed_tokens + n) - r.num_computed_tokens)
             for r, n in out.scheduled
@@ -421,11 +422,31 @@ class LLMEngine:
                     r.metrics.first_scheduled_time - r.metrics.arrival_time
                     for r in out.first_scheduled
                 ],
-                "context_tokens": context,  # KV length the attention reads, summed
+                "context_tokens": sum(s + n for s, n in chunks),  # KV the attention reads
+                # Model FLOPs and bytes moved (engine/model/cost.py): utilization per step.
+                **self._step_cost(chunks, len(sampled)),
             }
             self._step_log.write(json.dumps(line) + "\n")
         self._step_outputs = []
         return outputs
+
+    def _step_cost(self, chunks: list[tuple[int, int]], sampled_rows: int) -> dict[str, float]:
+        c = self.config
+        dtype_bytes = DTYPES[c.dtype].itemsize
+        cost = step_cost(
+            self.model_config,
+            chunks,
+            sampled_rows,
+            weight_bytes_per_param=1.0 if c.quantization == "fp8" else dtype_bytes,
+            kv_bytes_per_elem=DTYPES[c.cache.kv_cache_dtype].itemsize,
+            head_bytes_per_param=dtype_bytes,
+        )
+        return {
+            "flops": cost.flops,
+            "weight_bytes": cost.weight_bytes,
+            "kv_read_bytes": cost.kv_read_bytes,
+            "kv_write_bytes": cost.kv_write_bytes,
+        }
 
     def _process_token(self, req: Request, token: int) -> None:
         params = req.params

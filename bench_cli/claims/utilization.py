@@ -5,22 +5,15 @@ of this device, measured (MFU: model FLOPs utilization; MBU: model bandwidth uti
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
-import torch
 
+from bench_cli.device_peak import measure_peak
 from engine.config import ModelConfig
+from engine.model.cost import matmul_params
 
-
-def matmul_params(cfg: ModelConfig) -> int:
-    """Weights of the transformer's linears (Q, K, V, O, gate, up, down): every token multiplies
-    by each once. Embeddings, norms and the LM head are not counted."""
-    q = cfg.num_heads * cfg.head_dim
-    kv = cfg.num_kv_heads * cfg.head_dim
-    attn = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
-    return cfg.num_layers * (attn + 3 * cfg.hidden_size * cfg.intermediate_size)
+__all__ = ["matmul_params", "measure_peak", "step_cost", "utilization"]
 
 
 def step_cost(
@@ -32,9 +25,11 @@ def step_cost(
     sampled_rows: int = 1,
     head_bytes_per_param: float | None = None,
 ) -> tuple[float, float]:
-    """Analytic (FLOPs, bytes moved) of one engine step, the usual accounting of the PaLM paper's
-    MFU appendix (6N per trained token, 2N per inferred one, plus attention) and kipply's
-    "Transformer inference arithmetic" (a step reads every weight once, and the KV it attends to):
+    """Approximate (FLOPs, bytes moved) of one engine step from its totals alone, for step logs
+    older than the engine's own exact count (engine/model/cost.py): the usual accounting of the
+    PaLM paper's MFU appendix (6N per trained token, 2N per inferred one, plus attention) and
+    kipply's "Transformer inference arithmetic" (a step reads every weight once, and the KV it
+    attends to):
 
     FLOPs = 2 x matmul_params x tokens + 2 x hidden x vocab x sampled_rows (LM head)
             + 4 x layers x heads x head_dim x context_tokens (QK^T and PV, 2 FLOPs a MAC each)
@@ -64,58 +59,6 @@ def step_cost(
         + kv_token_bytes * (context_tokens + tokens)
     )
     return flops, moved
-
-
-def _best_time(fn: Any, sync: Any, repeats: int) -> float:
-    fn()  # warm-up: allocation, thread pool, kernel selection
-    sync()
-    best = math.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def measure_peak(
-    device: str = "cpu", dtype: torch.dtype = torch.float32, n: int | None = None, repeats: int = 5
-) -> dict[str, Any]:
-    """The achievable peak of this device, measured in a few seconds: dense matmul FLOP/s
-    (best of `repeats` square torch.matmul of side n: 2n^3 FLOPs) and memory bandwidth (best of
-    `repeats` copies of a 256 MiB tensor on CUDA, 64 MiB on CPU: bytes read + written per s)
-    and read bandwidth (a sum over 1 GiB on CUDA, 256 MiB on CPU: bytes read per s).
-
-    A CPU has no spec-sheet peak to divide by, so here "peak" is the best torch matmul and copy
-    this machine does now (with torch's current thread count): utilization is relative to that,
-    not to a vendor number, and a busy machine lowers peak and achieved alike. On CUDA the
-    same measurement is also below the spec sheet (typically 70-90 % of it for matmul).
-    Returns peak_flops (FLOP/s), peak_bytes_per_s, peak_read_bytes_per_s, matmul_n, device,
-    dtype, threads."""
-    dev = torch.device(device)
-    cuda = dev.type == "cuda"
-    n = n or (8192 if cuda else 1024)
-    sync = (lambda: torch.cuda.synchronize(dev)) if cuda else (lambda: None)
-    a = torch.randn(n, n, device=dev).to(dtype)
-    b = torch.randn(n, n, device=dev).to(dtype)
-    t_mm = _best_time(lambda: torch.matmul(a, b), sync, repeats)
-    elems = (256 if cuda else 64) * 2**20 // 4
-    src = torch.ones(elems, device=dev, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    t_copy = _best_time(lambda: dst.copy_(src), sync, repeats)
-    # Reading alone (a sum), from a tensor 8x this CPU's 32 MiB L3: how weights stream in a
-    # decode step, which reads every weight and writes next to nothing.
-    big = torch.ones((1024 if cuda else 256) * 2**20 // 4, device=dev, dtype=torch.float32)
-    t_read = _best_time(lambda: big.sum(), sync, repeats)
-    return {
-        "peak_flops": 2.0 * n**3 / t_mm,
-        "peak_bytes_per_s": 2.0 * elems * 4 / t_copy,
-        "peak_read_bytes_per_s": big.numel() * 4 / t_read,
-        "matmul_n": n,
-        "device": str(dev),
-        "dtype": str(dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-    }
 
 
 def _summary(rows: list[tuple[float, float, float]], peak: dict[str, Any]) -> dict[str, float]:
@@ -160,6 +103,8 @@ def utilization(
 
     The first `skip_first` steps with work are left out: the first steps of a run pay for
     torch.compile, allocation and cold caches. Steps with no token or no duration are left out.
+    Steps that carry the engine's own count ("flops", "weight_bytes", "kv_read_bytes",
+    "kv_write_bytes": exact per request) use it; older step logs are approximated as below.
     Without a step's `context_tokens`, it is approximated by kv_blocks_used x block_size: every
     block held then (running requests, and cached blocks still counted as used), whole blocks,
     so an upper bound on what attention reads. Each scheduled sequence is assumed to pass one row
@@ -174,19 +119,23 @@ def utilization(
         seen += 1
         if seen <= skip_first:
             continue
-        context = step.get("context_tokens")
-        if context is None:
-            approximated += 1
-            context = step.get("kv_blocks_used", 0) * block_size
-        flops, moved = step_cost(
-            cfg,
-            tokens,
-            context,
-            weight_bytes_per_param,
-            kv_bytes_per_elem,
-            sampled_rows=step.get("seqs", 1),
-            head_bytes_per_param=head_bytes_per_param,
-        )
+        if "flops" in step:  # the engine's own count (engine/model/cost.py)
+            flops = step["flops"]
+            moved = step["weight_bytes"] + step["kv_read_bytes"] + step["kv_write_bytes"]
+        else:
+            context = step.get("context_tokens")
+            if context is None:
+                approximated += 1
+                context = step.get("kv_blocks_used", 0) * block_size
+            flops, moved = step_cost(
+                cfg,
+                tokens,
+                context,
+                weight_bytes_per_param,
+                kv_bytes_per_elem,
+                sampled_rows=step.get("seqs", 1),
+                head_bytes_per_param=head_bytes_per_param,
+            )
         rows["all"].append((dur, flops, moved))
         rows["prefill" if step.get("prefill_tokens", 0) else "decode"].append((dur, flops, moved))
     out: dict[str, Any] = {kind: _summary(r, peak) for kind, r in rows.items()}

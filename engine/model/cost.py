@@ -1,0 +1,71 @@
+"""FLOPs and bytes moved by one engine step, from the model's shape and what the step
+computed: how achieved FLOP/s and bytes/s (model FLOPs and bandwidth utilization, against a
+measured device peak) are counted in the step log, `bench report` and `bench profile`.
+
+The usual accounting (PaLM's MFU appendix, kipply's "Transformer inference arithmetic"): a
+token costs 2 FLOPs per linear weight; attention 4 x heads x head_dim FLOPs per (query, key)
+pair a layer (QK^T and PV); a step reads every linear weight once, the LM head's if any row
+is sampled, each request's whole KV context once, and writes the new tokens' K and V.
+Activations, norms and embedding lookups are left out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from engine.config import ModelConfig
+
+
+def matmul_params(cfg: ModelConfig) -> int:
+    """Weights of the transformer's linears (Q, K, V, O, gate, up, down): every token
+    multiplies by each once. Embeddings, norms and the LM head are not counted."""
+    q = cfg.num_heads * cfg.head_dim
+    kv = cfg.num_kv_heads * cfg.head_dim
+    attn = cfg.hidden_size * (q + 2 * kv) + q * cfg.hidden_size
+    return cfg.num_layers * (attn + 3 * cfg.hidden_size * cfg.intermediate_size)
+
+
+def kv_bytes_per_token(cfg: ModelConfig, bytes_per_elem: float) -> float:
+    """K and V of one token over all layers."""
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * bytes_per_elem
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    flops: float
+    weight_bytes: float
+    kv_read_bytes: float
+    kv_write_bytes: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_read_bytes + self.kv_write_bytes
+
+
+def step_cost(
+    cfg: ModelConfig,
+    chunks: Sequence[tuple[int, int]],
+    sampled_rows: int,
+    weight_bytes_per_param: float,
+    kv_bytes_per_elem: float,
+    head_bytes_per_param: float | None = None,
+) -> StepCost:
+    """chunks: (tokens cached before the step, tokens computed in it) of each request; a
+    decode is (context, 1). Query i of a chunk starting at s sees s + i + 1 keys, so prefill
+    attention is counted exactly, not as if every query read the whole context.
+    sampled_rows: rows through the LM head. head_bytes_per_param defaults to the weights'
+    (the engine's fp8 keeps the LM head in the model dtype)."""
+    head_bytes = weight_bytes_per_param if head_bytes_per_param is None else head_bytes_per_param
+    params = matmul_params(cfg)
+    head = cfg.hidden_size * cfg.vocab_size
+    tokens = sum(n for _, n in chunks)
+    pairs = sum(n * s + n * (n + 1) // 2 for s, n in chunks)
+    kv_token = kv_bytes_per_token(cfg, kv_bytes_per_elem)
+    return StepCost(
+        flops=2.0 * params * tokens
+        + 2.0 * head * sampled_rows
+        + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs,
+        weight_bytes=params * weight_bytes_per_param + (head * head_bytes if sampled_rows else 0),
+        kv_read_bytes=kv_token * sum(s + n for s, n in chunks),
+        kv_write_bytes=kv_token * tokens,
+    )
