@@ -59,6 +59,10 @@ KVReservation = Annotated[
 EnforceEager = Annotated[
     bool, typer.Option(help="eager PyTorch only: no compiled CPU decode attention")
 ]
+CudaGraphs = Annotated[
+    bool,
+    typer.Option(help="CUDA graphs of decode steps (CUDA, --attention-backend triton; unmeasured)"),
+]
 AttentionBackend = Annotated[
     str,
     typer.Option(
@@ -115,6 +119,7 @@ def generate(
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
     attention_backend: AttentionBackend = "auto",
+    cuda_graphs: CudaGraphs = False,
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
@@ -204,6 +209,7 @@ def serve(
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
     attention_backend: AttentionBackend = "auto",
+    cuda_graphs: CudaGraphs = False,
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
@@ -355,6 +361,9 @@ def run(
     attention_backend: Annotated[
         str | None, Opt(help="engine: auto | torch | triton (attention-layer kernels)")
     ] = None,
+    cuda_graphs: Annotated[
+        bool | None, Opt(help="engine: CUDA graphs of decode steps (CUDA + triton)")
+    ] = None,
     enable_prefix_caching: Annotated[
         bool | None, Opt(help="engine: reuse cached prompt prefixes (default on)")
     ] = None,
@@ -461,6 +470,7 @@ def profile(
     kv_cache_dtype: KVDtype = "auto",
     enforce_eager: EnforceEager = False,
     attention_backend: AttentionBackend = "auto",
+    cuda_graphs: CudaGraphs = False,
     block_size: BlockSize = 16,
     num_kv_blocks: NumKVBlocks = None,
     kv_cache_memory_gb: KVMemory = None,

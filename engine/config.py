@@ -85,6 +85,9 @@ class EngineConfig:
     # compiled on CUDA, in Triton's interpreter elsewhere (slow: for tests). auto: triton on
     # CUDA where triton is installed, else torch. Recorded as resolved.
     attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # CUDA graphs of decode-only steps, one per batch-size bucket (engine/cuda_graphs.py):
+    # CUDA and the triton backend only; off until measured on a GPU (benchmarks/gpu_check.sh).
+    cuda_graphs: bool = False
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

@@ -18,6 +18,7 @@ from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
 from engine.core.scheduler import Scheduler
+from engine.cuda_graphs import DecodeGraphs
 from engine.model.cost import step_cost
 from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
@@ -155,6 +156,16 @@ class LLMEngine:
             compile_decode=not config.enforce_eager,
             attention_backend=config.attention_backend,
         )
+        if config.cuda_graphs:
+            if self.device.type != "cuda" or config.attention_backend != "triton":
+                raise ValueError(
+                    "cuda_graphs needs CUDA and attention_backend='triton' (this engine: "
+                    f"{self.device.type}, {config.attention_backend})"
+                )
+            max_blocks = -(-self.max_model_len // cache.block_size)
+            self.runner.graphs = DecodeGraphs(
+                loaded.model, self.runner.kv_caches, config.scheduler.max_num_seqs, max_blocks
+            )
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
         self.eos_token_ids = loaded.config.eos_token_ids or (

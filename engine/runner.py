@@ -9,6 +9,7 @@ import torch
 from engine.config import ModelConfig
 from engine.core.request import Request, SamplingParams
 from engine.core.scheduler import SchedulerOutput
+from engine.cuda_graphs import DecodeGraphs
 from engine.model import compiled_forward, triton_forward
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
@@ -75,6 +76,7 @@ class ModelRunner:
         self.compiled_forward = compile_decode and compiled_forward.warm_up(
             model, self.kv_caches[0], self._warm_up_step
         )
+        self.graphs: DecodeGraphs | None = None  # set by the engine (cuda_graphs=True)
 
     @torch.inference_mode()
     def execute(
@@ -84,9 +86,12 @@ class ModelRunner:
         # Decodes (single-token queries) first: attention batches them without padding.
         items = sorted(out.scheduled, key=lambda item: item[1] != 1)
         input_ids, positions, meta = self.prepare_inputs(items, block_tables)
-        if self.triton or not self.compiled_forward:
+        decodes_only = meta.num_decode_tokens == len(input_ids)
+        if self.graphs is not None and decodes_only and self.graphs.supports(len(input_ids)):
+            hidden = self.graphs.run(input_ids, positions, meta)
+        elif self.triton or not self.compiled_forward:
             hidden = self.forward(input_ids, positions, meta)
-        elif meta.num_decode_tokens == len(input_ids):
+        elif decodes_only:
             mask = meta.decode_mask.view(len(input_ids), -1)
             hidden = compiled_forward.decode_forward(
                 self.model, input_ids, positions, self.kv_caches, meta.slot_mapping,

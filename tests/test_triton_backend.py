@@ -82,3 +82,27 @@ def test_bench_run_through_bench_serve_with_the_triton_backend(tmp_path: Path) -
     assert summary["completed"] == 3 and summary["failed"] == 0
     engine = summary["config"]["engine"]
     assert engine["attention_backend"] == "triton" and engine["model_forward"] == "triton"
+
+
+def test_decode_graph_buffers_and_padding_give_the_same_tokens() -> None:
+    """The static buffers of engine/cuda_graphs.py, run eagerly (capture=False: no GPU here):
+    batches of 3 padded to the bucket of 4 (padding rows write no slot and are dropped)."""
+    from engine.cuda_graphs import DecodeGraphs, buckets
+
+    assert buckets(5) == [1, 2, 4, 5] and buckets(64)[:5] == [1, 2, 4, 8, 16]
+    # Requests end after 2 to 6 tokens, so decode batches shrink from 5 to 1.
+    params = [SamplingParams(max_tokens=k, ignore_eos=True) for k in (2, 3, 6, 5, 4)]
+    llm = LLM("tiny-llama", dtype="float32", enforce_eager=True, max_num_seqs=5)
+    want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    llm = LLM("tiny-llama", dtype="float32", attention_backend="triton", max_num_seqs=5)
+    runner = llm.llm_engine.runner
+    graphs = DecodeGraphs(runner.model, runner.kv_caches, 5, 4, capture=False)
+    runs = []
+    original = graphs.run
+    graphs.run = lambda ids, *a: runs.append(len(ids)) or original(ids, *a)  # type: ignore[method-assign]
+    runner.graphs = graphs
+    got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+    assert got == want
+    assert runs == [5, 4, 3, 2, 1]  # 3 ran padded to 4
+    with pytest.raises(ValueError, match="cuda_graphs needs CUDA"):
+        LLM("tiny-llama", attention_backend="triton", cuda_graphs=True)
