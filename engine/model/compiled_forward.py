@@ -125,9 +125,7 @@ def decode_forward(
     mask: torch.Tensor,  # [B, nb * block_size] bool
 ) -> torch.Tensor:
     """The model's forward for one token of each of B sequences, [B, hidden]."""
-    assert model.cos_sin is not None, "call prepare() first"
-    cos_sin = model.cos_sin[positions]
-    x = model.embed_tokens(input_ids)
+    x, cos_sin = model.embed(input_ids, positions)
     _mark_dynamic(x, cos_sin, slots, block_tables, mask, kv_caches)
     layer_decode = _compiled("decode")
     for layer, cache in zip(model.layers, kv_caches, strict=True):
@@ -143,9 +141,7 @@ def step_forward(
     meta: AttentionMetadata,
 ) -> torch.Tensor:
     """The model's forward for any step, [T, hidden] (as LlamaForCausalLM.forward)."""
-    assert model.cos_sin is not None, "call prepare() first"
-    cos_sin = model.cos_sin[positions]
-    x = model.embed_tokens(input_ids)
+    x, cos_sin = model.embed(input_ids, positions)
     for t in (x, cos_sin):
         torch._dynamo.maybe_mark_dynamic(t, 0)  # tokens
     step = _Step(kv_caches, meta)

@@ -162,6 +162,14 @@ class LlamaForCausalLM(nn.Module):
             self.config.head_dim, max_positions, self.config.rope_theta, p.dtype, p.device
         )
 
+    def embed(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first layer's input [T, hidden] and the rotary rows of the positions [T, 2,
+        head_dim]: what every forward (eager, compiled, Triton) starts from."""
+        assert self.cos_sin is not None, "call prepare() first"
+        return self.embed_tokens(input_ids), self.cos_sin[positions]
+
     def forward(
         self,
         input_ids: torch.Tensor,  # [T]
@@ -169,9 +177,7 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        assert self.cos_sin is not None, "call prepare() first"
-        cos_sin = self.cos_sin[positions]
-        x = self.embed_tokens(input_ids)
+        x, cos_sin = self.embed(input_ids, positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos_sin, kv_cache, meta)
         return self.norm(x)  # [T, hidden]

@@ -54,9 +54,8 @@ def forward(
     """[T, hidden], as LlamaForCausalLM.forward."""
     from engine.ops import triton as kernels
 
-    assert model.cos_sin is not None, "call prepare() first"
-    cos_sin = model.cos_sin[positions]
-    x, residual = model.embed_tokens(input_ids), None
+    x, cos_sin = model.embed(input_ids, positions)
+    residual = None
     for layer, cache in zip(model.layers, kv_caches, strict=True):
         x, residual = _layer(layer, x, residual, cos_sin, cache, meta)
     return kernels.add_rms_norm(x, residual, model.norm.weight, model.norm.eps)[0]
