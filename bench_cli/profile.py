@@ -94,9 +94,12 @@ class Shape:
 @dataclass
 class Timers:
     """Exclusive wall time per category: a wrapped call's time minus that of wrapped calls
-    inside it. Each wrapped call is also a `servebench/<category>` range in a trace."""
+    inside it. Each wrapped call is also a `servebench/<category>` range in a trace. On a GPU
+    `sync` waits for the device at both ends of a call, so that its kernels count in its own
+    category rather than in whichever call next waits (the timed pass runs slower for it)."""
 
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    sync: Callable[[], None] = lambda: None
     _stack: list[list[float]] = field(default_factory=list)  # [start, time in children]
 
     @contextmanager
@@ -108,10 +111,12 @@ class Timers:
     def wrap(self, category: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def timed(*args: Any, **kwargs: Any) -> Any:
             with torch.profiler.record_function(SCOPE + category):
+                self.sync()
                 self._stack.append([time.perf_counter(), 0.0])
                 try:
                     return fn(*args, **kwargs)
                 finally:
+                    self.sync()
                     start, children = self._stack.pop()
                     took = time.perf_counter() - start
                     self.seconds[category] += took - children
@@ -158,6 +163,8 @@ def timed(engine: LLMEngine, compiled: bool) -> Iterator[Timers]:
     """Wrap the engine's calls in timers (attributes shadowing the methods and the compiled
     forward's function) for the duration of the block, and remove them after."""
     timers = Timers()
+    if engine.device.type == "cuda":
+        timers.sync = torch.cuda.synchronize
     wrapped = []
     for obj, attr, category in _targets(engine, compiled):
         original = getattr(obj, attr)

@@ -8,7 +8,8 @@ Sections: device peak; decode attention bandwidth (Triton kernel vs the torch pa
 B x context; fused vs unfused add+RMSNorm and RoPE; engine throughput of SmolLM2 bf16 at
 B = 1, 32, 256 (torch backend, Triton backend, Triton + CUDA graphs), with greedy agreement;
 MFU and MBU per step of a decode-heavy and a prefill-heavy run; fp8 linear vs bf16
-(benchmarks/fp8_matmul.py); a one-minute `bench run` with the NVML timeline columns."""
+(benchmarks/fp8_matmul.py); `bench profile` of a 32-sequence decode step per backend; a
+one-minute `bench run` with the NVML timeline columns."""
 
 from __future__ import annotations
 
@@ -212,6 +213,19 @@ def fp8_section(quick: bool) -> None:
     print(run.stdout.strip() or run.stderr.strip()[-2000:])
 
 
+def profile_section(out: Path) -> None:
+    """Where a decode step's time goes on the GPU, torch backend beside the Triton one."""
+    if not CUDA:
+        return skipped("bench profile on the GPU")
+    for backend in ("torch", "triton"):
+        cmd = [sys.executable, "-m", "bench_cli", "profile", "--batch", "32", "--context", "512",
+               "--steps", "10", "--dtype", "bfloat16", "--attention-backend", backend,
+               "--out", str(out / f"profile-{backend}")]  # fmt: skip
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        print(f"-- bench profile, {backend} backend:")
+        print("\n".join(run.stdout.strip().splitlines()[-20:]) or run.stderr.strip()[-1500:])
+
+
 def bench_run_section(out: Path, quick: bool) -> None:
     if not CUDA:
         return skipped("bench run with NVML columns (no driver: NVML cannot start)")
@@ -253,6 +267,7 @@ def main() -> None:
         ("engine throughput", lambda: throughput_section(args.quick)),
         ("MFU and MBU per step", lambda: utilization_section(peak, out)),
         ("fp8 linear vs bf16", lambda: fp8_section(args.quick)),
+        ("bench profile of a decode step", lambda: profile_section(out)),
         ("bench run, NVML timeline", lambda: bench_run_section(out, args.quick)),
     ]
     failed = []
