@@ -78,7 +78,8 @@ def peak_section() -> dict[str, Any]:
 
 def attention_section(peak: dict[str, Any], quick: bool) -> None:
     """Decode attention over a paged bf16 cache with Llama-3-8B's attention shape (32 query
-    heads, 8 KV heads, head_dim 128): K+V bytes read / kernel time."""
+    heads, 8 KV heads, head_dim 128): K+V bytes read / kernel time, against the read peak and
+    the copy bandwidth (read + write bytes of a copy per second)."""
     if not CUDA:
         return skipped("decode attention bandwidth")
     import numpy as np
@@ -89,7 +90,7 @@ def attention_section(peak: dict[str, Any], quick: bool) -> None:
 
     heads, kv_heads, dim, bs = 32, 8, 128, 16
     print(f"{'batch':>6} {'context':>8} {'triton ms':>10} {'GB/s':>7} {'% read peak':>11} "
-          f"{'torch ms':>9} {'speed-up':>8}")  # fmt: skip
+          f"{'% copy':>7} {'torch ms':>9} {'speed-up':>8}")  # fmt: skip
     for batch in (1, 32) if quick else (1, 32, 256):
         for context in (512, 4096):
             nb = context // bs
@@ -107,7 +108,8 @@ def attention_section(peak: dict[str, Any], quick: bool) -> None:
             moved = 2 * batch * context * kv_heads * dim * 2
             rate = moved / t_triton / 1e6
             print(f"{batch:>6} {context:>8} {t_triton:>10.3f} {rate:>7.0f} "
-                  f"{rate * 1e9 / peak['peak_read_bytes_per_s']:>11.0%} {t_torch:>9.3f} "
+                  f"{rate * 1e9 / peak['peak_read_bytes_per_s']:>11.0%} "
+                  f"{rate * 1e9 / peak['peak_bytes_per_s']:>7.0%} {t_torch:>9.3f} "
                   f"{t_torch / t_triton:>7.1f}x")  # fmt: skip
 
 

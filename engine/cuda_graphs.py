@@ -41,12 +41,17 @@ class DecodeGraphs:
         device = model.embed_tokens.weight.device
         n = self.sizes[-1]
 
-        def zeros(*shape: int) -> torch.Tensor:
-            return torch.zeros(shape, dtype=torch.int64, device=device)
+        def zeros(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
 
         self.input_ids, self.positions, self.slots = zeros(n), zeros(n), zeros(n)
-        self.block_tables, self.seq_lens = zeros(n, max_blocks), zeros(n)
-        self.query_start = torch.arange(n + 1, device=device)
+        # int32, as AttentionMetadata.build gives them to the kernel
+        self.block_tables = zeros(n, max_blocks, dtype=torch.int32)
+        self.seq_lens = zeros(n, dtype=torch.int32)
+        self.query_start = torch.arange(n + 1, dtype=torch.int32, device=device)
+        # The rotary table is read by address in a graph: `prepare` must not replace it after.
+        assert model.cos_sin is not None, "call prepare() first"
+        self._cos_sin_ptr = model.cos_sin.data_ptr()
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         if capture:
@@ -96,6 +101,9 @@ class DecodeGraphs:
     ) -> torch.Tensor:
         """Hidden states [B, hidden] of a decode-only step of B <= the largest bucket."""
         b = len(input_ids)
+        assert self.model.cos_sin is not None
+        if self.model.cos_sin.data_ptr() != self._cos_sin_ptr:
+            raise RuntimeError("the rotary table was rebuilt after the CUDA graphs captured it")
         size = self.sizes[bisect.bisect_left(self.sizes, b)]
         self.input_ids[:b] = input_ids
         self.positions[:b] = positions

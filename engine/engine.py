@@ -101,6 +101,13 @@ def resolve_attention_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "triton" if device.type == "cuda" and has_triton else "torch"
     if backend == "triton" and device.type != "cuda":
+        import triton
+
+        if not triton.knobs.runtime.interpret:
+            raise ValueError(
+                "attention_backend='triton' without CUDA needs Triton's interpreter: set "
+                "TRITON_INTERPRET=1 before anything imports triton"
+            )
         logger.warning("attention_backend='triton' without CUDA runs Triton's interpreter: slow")
     return backend
 

@@ -182,3 +182,27 @@ def test_rotary_in_place_on_qkv_views(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got_k.cpu(), want_k, **tol)
     # V, the part of the QKV output after K, is left alone
     assert torch.equal(qkv2[:, (heads + kv) * head_dim :].cpu(), qkv[:, (heads + kv) * head_dim :])
+
+
+def test_the_gpu_launch_sizes_in_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels at the block sizes a GPU launches them with (the interpreter takes bigger
+    ones for speed): 16 query rows and 32 keys a program, 1 to 16 rows a norm, rotary or
+    cache-write program."""
+    from engine.ops.triton import attention, kv_cache, norm, rotary
+
+    for module, name, value in (
+        (attention, "MIN_BLOCK_M", 16),
+        (attention, "TILE", 32),
+        (kv_cache, "ROWS", 8),
+        (norm, "ROWS", 1),
+        (rotary, "ROWS", 16),
+    ):
+        monkeypatch.setattr(module, name, value)  # fmt: skip
+    for group in (1, 3):
+        q, cache, meta = step_case(CASES["mixed, chunk mid-block"], group, dtype=torch.bfloat16)
+        want = ops.paged_attention(q, cache, meta, 32**-0.5)
+        got = run_attention(q, cache, meta, 32**-0.5, None)
+        torch.testing.assert_close(got.cpu(), want, rtol=2e-2, atol=2e-2)
+    test_kv_cache_write_matches_the_reference(torch.bfloat16, FP8)
+    test_rms_norm_and_add_rms_norm(torch.bfloat16, 5, 96)
+    test_rotary_in_place_on_qkv_views(torch.bfloat16)

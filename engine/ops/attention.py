@@ -46,10 +46,11 @@ class AttentionMetadata:
     prefill_mask: torch.Tensor | None  # [Bp, 1, Qp, nb * block_size] bool: causal, in context
     # None when every prefill chunk starts at position 0: then plain causal masking is exact
     # for real query rows, and SDPA's causal kernel is much faster than an explicit mask.
-    # The same step unpadded, for one-launch kernels (ops/triton/attention.py):
-    block_tables: torch.Tensor  # [B, nb] int64, every request, decodes first
-    seq_lens: torch.Tensor  # [B] int64: cached tokens + this step's
-    query_start: torch.Tensor  # [B + 1] int64: where each request's tokens start in the step
+    # The same step unpadded, for one-launch kernels (ops/triton/attention.py); int32, as the
+    # kernel's index arithmetic is cheapest in it:
+    block_tables: torch.Tensor  # [B, nb], every request, decodes first
+    seq_lens: torch.Tensor  # [B]: cached tokens + this step's
+    query_start: torch.Tensor  # [B + 1]: where each request's tokens start in the step
 
     @classmethod
     def build(
@@ -105,9 +106,9 @@ class AttentionMetadata:
             prefill_gather=t(gather),
             prefill_scatter=t(scatter),
             prefill_mask=p_mask,
-            block_tables=t(tables),
-            seq_lens=t(seq_lens),
-            query_start=t(np.concatenate(([0], np.cumsum(q_lens)))),
+            block_tables=t(tables.astype(np.int32)),
+            seq_lens=t(seq_lens.astype(np.int32)),
+            query_start=t(np.concatenate(([0], np.cumsum(q_lens))).astype(np.int32)),
         )
 
 

@@ -1,18 +1,7 @@
 """Triton kernels with the same signatures as the torch reference ops in engine/ops: the
 attention backend "triton" (engine/model/triton_forward.py). Importing this package needs
 `triton`; without CUDA the kernels run in Triton's interpreter (`TRITON_INTERPRET=1`, which
-engine/ops sets before triton is imported): slow, for tests on CPU."""
-
-import torch
-import triton
-
-import engine.ops  # noqa: F401  (sets the interpreter up where there is no CUDA)
-
-if not torch.cuda.is_available() and not triton.knobs.runtime.interpret:
-    raise ImportError(
-        "Triton kernels need CUDA or Triton's interpreter: without CUDA, set TRITON_INTERPRET=1 "
-        "before anything imports triton"
-    )
+engine/ops, this package's parent, sets before triton is imported): slow, for tests on CPU."""
 
 from engine.ops.triton.attention import paged_attention
 from engine.ops.triton.kv_cache import write_kv_cache

@@ -17,6 +17,11 @@ import triton.language as tl
 from engine.ops.attention import AttentionMetadata, KVCache
 from engine.ops.triton.cast import INTERPRET, cast, device_function, dot_dtype, dot_precision
 
+# Launch sizes. A GPU: vLLM's (16 query rows a program, 32 keys a tile). The interpreter pays
+# per operation, not per element: bigger blocks. Tests can set the GPU's to run them on CPU.
+MIN_BLOCK_M = 32 if INTERPRET else 16  # tl.dot wants >= 16 rows
+TILE = 64 if INTERPRET else 32
+
 
 @device_function
 def _find_sequence(query_start_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
@@ -81,7 +86,8 @@ def _attention_kernel(
             key_ok = key < num_keys
             block = tl.load(block_tables_ptr + seq * stride_bt + key // BLOCK_SIZE,
                             mask=key_ok, other=0)  # fmt: skip
-            slot = kv_head * stride_ch + block.to(tl.int64) * stride_cb
+            # int64: the head term alone passes 2**31 in caches of a few tens of GB
+            slot = kv_head.to(tl.int64) * stride_ch + block.to(tl.int64) * stride_cb
             slot += (key % BLOCK_SIZE) * stride_cs
             k = tl.load(
                 k_cache_ptr + slot[None, :] + dims[:, None],
@@ -104,8 +110,8 @@ def _attention_kernel(
             p = tl.exp(s - m_new[:, None])
             alpha = tl.exp(m - m_new)
             total = total * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None]
-            acc += tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+            acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None],
+                         input_precision=PRECISION)  # fmt: skip
             m = m_new
         acc = acc / tl.where(total > 0.0, total, 1.0)[:, None]
         o_rows = (q_start + q_idx) * stride_ot + head * stride_oh
@@ -120,9 +126,8 @@ def paged_attention(
     scale: float,
     tile: int | None = None,
 ) -> torch.Tensor:
-    """tile: keys per inner step (a power of two >= 16, 32 by default); it need not match
-    the cache's block size. The interpreter, which pays per operation rather than per element,
-    takes 64 keys and 32 query rows a program."""
+    """tile: keys per inner step (a power of two >= 16; default TILE); it need not match the
+    cache's block size."""
     tokens, num_heads, head_dim = q.shape
     kv_heads, _, block_size, _ = cache.k.shape
     assert q.stride(-1) == 1 and cache.k.is_contiguous() and cache.k.stride() == cache.v.stride()
@@ -130,8 +135,10 @@ def paged_attention(
     num_seqs = meta.seq_lens.shape[0]
     if tokens == 0:
         return out
+    tile = tile or TILE
+    assert tile >= 16 and tile & (tile - 1) == 0, "tile: a power of two >= 16 (tl.dot)"
     group = num_heads // kv_heads
-    block_m = max(32 if INTERPRET else 16, triton.next_power_of_2(group))  # tl.dot: >= 16
+    block_m = max(MIN_BLOCK_M, triton.next_power_of_2(group))
     block_q = block_m // group
     fp8 = cache.k_scale is not None
     _attention_kernel[(tokens // block_q + num_seqs, kv_heads)](
@@ -140,7 +147,7 @@ def paged_attention(
         head_dim, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.k.stride(0), cache.k.stride(1), cache.k.stride(2), meta.block_tables.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_SIZE=block_size,
-        TILE=tile or (64 if INTERPRET else 32), DIM=max(16, triton.next_power_of_2(head_dim)),
+        TILE=tile, DIM=max(16, triton.next_power_of_2(head_dim)),
         FP8=fp8, DOT_DTYPE=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
         INTERPRET=INTERPRET,
     )  # fmt: skip

@@ -11,6 +11,8 @@ from engine.ops.attention import KVCache
 from engine.ops.fp8 import FP8_MAX
 from engine.ops.triton.cast import INTERPRET, cast, device_function
 
+ROWS = 128 if INTERPRET else 8  # (token, head) rows a program: the interpreter pays per program
+
 
 @device_function
 def _store(
@@ -26,9 +28,11 @@ def _store(
     x = x.to(tl.float32)
     if FP8:  # as engine/ops/fp8.py's quantize: divide, clamp, round
         scale = tl.load(scale_ptr + head, mask=rows >= 0, other=1.0)
-        x = tl.clamp(x / scale[:, None], -FP8_MAX, FP8_MAX)
+        # div_rn: correctly rounded, as torch divides (a GPU's default division is not)
+        x = tl.clamp(tl.math.div_rn(x, scale[:, None]), -FP8_MAX, FP8_MAX)
     block, offset = slots // BLOCK_SIZE, slots % BLOCK_SIZE
-    dst = cache_ptr + head * stride_ch + block.to(tl.int64) * stride_cb + offset * stride_cs
+    dst = cache_ptr + head.to(tl.int64) * stride_ch + block.to(tl.int64) * stride_cb
+    dst += offset * stride_cs
     tl.store(dst[:, None] + dims[None, :], cast(x, cache_ptr.dtype.element_ty, INTERPRET),
              mask=ok)  # fmt: skip
 
@@ -66,11 +70,10 @@ def write_kv_cache(
     if tokens == 0:
         return
     fp8 = cache.k_scale is not None
-    rows = 128 if INTERPRET else 8  # the interpreter pays per program, a GPU per row
-    _write_kernel[(triton.cdiv(tokens * heads, rows),)](
+    _write_kernel[(triton.cdiv(tokens * heads, ROWS),)](
         cache.k, cache.v, k, v, cache.k_scale if fp8 else k, cache.v_scale if fp8 else v,
         slot_mapping, tokens * heads, heads, head_dim, k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
-        ROWS=rows, BLOCK_SIZE=cache.k.shape[2], DIM=triton.next_power_of_2(head_dim), FP8=fp8,
+        ROWS=ROWS, BLOCK_SIZE=cache.k.shape[2], DIM=triton.next_power_of_2(head_dim), FP8=fp8,
         FP8_MAX=FP8_MAX, INTERPRET=INTERPRET,
     )  # fmt: skip

@@ -9,6 +9,8 @@ import triton.language as tl
 
 from engine.ops.triton.cast import INTERPRET, cast
 
+ROWS = 64 if INTERPRET else 1  # rows a program: the interpreter pays per program, a GPU per row
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -30,7 +32,9 @@ def _rms_norm_kernel(
         h = cast(x + r.to(tl.float32), dtype, INTERPRET)
         tl.store(sum_ptr + rows[:, None] * stride_sum + cols[None, :], h, mask=ok)
         x = h.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / hidden + eps)
+    # Correctly rounded sqrt and divisions, as torch's rsqrt on CPU (a GPU's defaults are not)
+    mean = tl.math.div_rn(tl.sum(x * x, axis=1), hidden.to(tl.float32))
+    inv = tl.math.div_rn(1.0, tl.sqrt_rn(mean + eps))
     normed = cast(x * inv[:, None], dtype, INTERPRET).to(tl.float32)
     w = tl.load(weight_ptr + cols, mask=cols < hidden, other=0.0).to(tl.float32)
     y = cast(w[None, :] * normed, dtype, INTERPRET)
@@ -49,12 +53,12 @@ def _launch(
     if residual is not None:
         r2 = residual.reshape(-1, hidden).contiguous()
         total = torch.empty_like(out)
-    rows = 64 if INTERPRET else 1  # the interpreter pays per program, a GPU per row
-    _rms_norm_kernel[(triton.cdiv(x2.shape[0], rows),)](
+    _rms_norm_kernel[(triton.cdiv(x2.shape[0], ROWS),)](
         out, total if total is not None else out, x2, r2 if r2 is not None else x2, weight,
         eps, x2.shape[0], hidden, x2.stride(0), (r2 if r2 is not None else x2).stride(0),
-        out.stride(0), out.stride(0), HAS_RESIDUAL=residual is not None, ROWS=rows,
+        out.stride(0), out.stride(0), HAS_RESIDUAL=residual is not None, ROWS=ROWS,
         BLOCK=triton.next_power_of_2(hidden), INTERPRET=INTERPRET,
+        enable_fp_fusion=False,  # the reference's roundings, no fused multiply-adds
     )  # fmt: skip
     shape = x.shape
     return out.view(shape), None if total is None else total.view(shape)

@@ -9,6 +9,8 @@ import triton.language as tl
 
 from engine.ops.triton.cast import INTERPRET, cast, device_function
 
+ROWS = 128 if INTERPRET else 16  # (token, head) rows a program: the interpreter pays per program
+
 
 @device_function
 def _rotate(
@@ -67,16 +69,16 @@ def _launch(
     assert cos_sin.shape == (tokens, 2, head_dim) and cos_sin.stride(1) == head_dim
     if tokens == 0:
         return
-    rows = 128 if INTERPRET else 16  # the interpreter pays per program, a GPU per row
-    q_programs = triton.cdiv(tokens * q_heads, rows)
-    k_programs = 0 if k is None else triton.cdiv(tokens * k.shape[1], rows)
+    q_programs = triton.cdiv(tokens * q_heads, ROWS)
+    k_programs = 0 if k is None else triton.cdiv(tokens * k.shape[1], ROWS)
     kk, ko = (k, k_out) if k is not None and k_out is not None else (q, q_out)
     assert kk.stride(-1) == 1
     _rotary_kernel[(q_programs + k_programs,)](
         q_out, q, ko, kk, cos_sin, tokens, q_heads, kk.shape[1], head_dim // 2, q_programs,
         q.stride(0), q.stride(1), q_out.stride(0), q_out.stride(1),
         kk.stride(0), kk.stride(1), ko.stride(0), ko.stride(1), cos_sin.stride(0),
-        ROWS=rows, HALF=triton.next_power_of_2(head_dim // 2), INTERPRET=INTERPRET,
+        ROWS=ROWS, HALF=triton.next_power_of_2(head_dim // 2), INTERPRET=INTERPRET,
+        enable_fp_fusion=False,  # each product rounded before the sum, as the reference
     )  # fmt: skip
 
 
