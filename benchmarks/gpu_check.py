@@ -89,8 +89,10 @@ def attention_section(peak: dict[str, Any], quick: bool) -> None:
     from engine.ops import triton as kernels
 
     heads, kv_heads, dim, bs = 32, 8, 128, 16
-    print(f"{'batch':>6} {'context':>8} {'triton ms':>10} {'GB/s':>7} {'% read peak':>11} "
-          f"{'% copy':>7} {'torch ms':>9} {'speed-up':>8}")  # fmt: skip
+    from engine.ops.triton.attention import _segments
+
+    print(f"{'batch':>6} {'context':>8} {'slices':>6} {'triton ms':>10} {'GB/s':>7} "
+          f"{'% read peak':>11} {'% copy':>7} {'torch ms':>9} {'speed-up':>8}")  # fmt: skip
     for batch in (1, 32) if quick else (1, 32, 256):
         for context in (512, 4096):
             nb = context // bs
@@ -107,7 +109,8 @@ def attention_section(peak: dict[str, Any], quick: bool) -> None:
             t_torch = gpu_ms(ops.paged_attention, q, cache, meta, dim**-0.5, repeats=5)
             moved = 2 * batch * context * kv_heads * dim * 2
             rate = moved / t_triton / 1e6
-            print(f"{batch:>6} {context:>8} {t_triton:>10.3f} {rate:>7.0f} "
+            slices = _segments(batch, batch, kv_heads, q.device)
+            print(f"{batch:>6} {context:>8} {slices:>6} {t_triton:>10.3f} {rate:>7.0f} "
                   f"{rate * 1e9 / peak['peak_read_bytes_per_s']:>11.0%} "
                   f"{rate * 1e9 / peak['peak_bytes_per_s']:>7.0%} {t_torch:>9.3f} "
                   f"{t_torch / t_triton:>7.1f}x")  # fmt: skip

@@ -36,18 +36,22 @@ def ints(names: str) -> dict[str, str]:
     return dict.fromkeys(names.split(), "i32")
 
 
-def attention_kernel(tag: str, q: str, c: str, group: int, dim: int, fp8: bool) -> None:
+def attention_kernel(
+    tag: str, q: str, c: str, group: int, dim: int, fp8: bool, segments: int = 1
+) -> None:
     scale = "*fp32" if fp8 else f"*{q}"
+    part = "*fp32" if segments > 1 else f"*{q}"
     types = {"out_ptr": f"*{q}", "q_ptr": f"*{q}", "k_cache_ptr": f"*{c}", "v_cache_ptr": f"*{c}",
              "k_scale_ptr": scale, "v_scale_ptr": scale, "block_tables_ptr": "*i32",
-             "seq_lens_ptr": "*i32", "query_start_ptr": "*i32", "scale": "fp32"}  # fmt: skip
+             "seq_lens_ptr": "*i32", "query_start_ptr": "*i32", "part_acc_ptr": part,
+             "part_m_ptr": part, "part_total_ptr": part, "scale": "fp32"}  # fmt: skip
     types |= ints("num_seqs num_heads head_dim stride_qt stride_qh stride_ot stride_oh "
                   "stride_ch stride_cb stride_cs stride_bt")  # fmt: skip
     block_m = max(16, triton.next_power_of_2(group))
     dot = tl.float32 if q == "fp32" else tl.bfloat16
     consts = {"GROUP": group, "BLOCK_Q": block_m // group, "BLOCK_M": block_m, "BLOCK_SIZE": 16,
               "TILE": 32, "DIM": max(16, triton.next_power_of_2(dim)), "FP8": fp8,
-              "DOT_DTYPE": dot, "PRECISION": "ieee" if q == "fp32" else None,
+              "SEGMENTS": segments, "DOT_DTYPE": dot, "PRECISION": "ieee" if q == "fp32" else None,
               "INTERPRET": False}  # fmt: skip
     build(attention._attention_kernel, types, consts, tag)
 
@@ -56,6 +60,11 @@ attention_kernel("attention bf16, GQA 3, head_dim 64", "bf16", "bf16", 3, 64, Fa
 attention_kernel("attention bf16, GQA 8, head_dim 128", "bf16", "bf16", 8, 128, False)
 attention_kernel("attention bf16, fp8 cache, MHA", "bf16", "fp8e4nv", 1, 64, True)
 attention_kernel("attention fp32 (IEEE dots), bf16 cache", "fp32", "bf16", 3, 64, False)
+attention_kernel("attention bf16, 16 key slices", "bf16", "bf16", 3, 64, False, segments=16)
+types = {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+         "part_total_ptr": "*fp32"} | ints("num_heads head_dim stride_ot stride_oh")  # fmt: skip
+consts = {"SEGMENTS": 16, "DIM": 64, "INTERPRET": False}
+build(attention._merge_segments, types, consts, "merge of key slices")
 
 for src, dst, fp8 in (("bf16", "fp8e4nv", True), ("fp32", "bf16", False)):
     scale = "*fp32" if fp8 else f"*{src}"

@@ -62,13 +62,15 @@ def on_device(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
 
 
 def run_attention(
-    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float, tile: int | None
-) -> torch.Tensor:
+    q: torch.Tensor, cache: KVCache, meta: AttentionMetadata, scale: float, tile: int | None,
+    segments: int | None = None,
+) -> torch.Tensor:  # fmt: skip
     """The kernel, on the GPU where there is one (metadata and cache copied there)."""
     fields = {f: getattr(meta, f) for f in AttentionMetadata.__slots__}
     fields = {f: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for f, v in fields.items()}
     cache = KVCache(*on_device(cache.k, cache.v, cache.k_scale, cache.v_scale))
-    return tops.paged_attention(q.to(DEVICE), cache, AttentionMetadata(**fields), scale, tile)
+    meta = AttentionMetadata(**fields)
+    return tops.paged_attention(q.to(DEVICE), cache, meta, scale, tile, segments)
 
 
 CASES = {
@@ -106,6 +108,22 @@ def test_attention_dtypes_block_sizes_and_tiles(
     want = ops.paged_attention(q, cache, meta, 32**-0.5)
     got = run_attention(q, cache, meta, 32**-0.5, tile)
     torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(
+    ("seqs", "cache_dtype"),
+    [(CASES["decode only"], torch.float32), (CASES["decode only"], FP8),
+     ([(30, 1), (0, 9), (21, 12)], FP8)],
+)  # fmt: skip
+def test_attention_over_key_slices_merged_after(
+    seqs: list[tuple[int, int]], cache_dtype: torch.dtype
+) -> None:
+    """The split-key variant a GPU takes for decode steps of few sequences (4 slices here; a
+    mixed step too, where some slices hold only keys after a prefill query)."""
+    q, cache, meta = step_case(seqs, 3, cache_dtype=cache_dtype)
+    want = ops.paged_attention(q, cache, meta, 32**-0.5)
+    got = run_attention(q, cache, meta, 32**-0.5, 16, segments=4)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -42,12 +42,18 @@ def _find_sequence(query_start_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-    block_tables_ptr, seq_lens_ptr, query_start_ptr, scale, num_seqs, num_heads, head_dim,
+    block_tables_ptr, seq_lens_ptr, query_start_ptr, part_acc_ptr, part_m_ptr, part_total_ptr,
+    scale, num_seqs, num_heads, head_dim,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_ch, stride_cb, stride_cs, stride_bt,
     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE: tl.constexpr, DIM: tl.constexpr, FP8: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+    SEGMENTS: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    INTERPRET: tl.constexpr,
 ):  # fmt: skip
+    """With SEGMENTS > 1 (decode steps of few sequences on a GPU) program (., ., s) takes the
+    s-th of SEGMENTS slices of the keys and leaves its unnormalised partial sums for
+    _merge_segments: more programs than sequences x KV heads, so that long contexts at small
+    batch use the whole GPU (vLLM's 3D variant)."""
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_sequence(query_start_ptr, num_seqs, q_block, BLOCK_Q)
@@ -81,7 +87,9 @@ def _attention_kernel(
         acc = tl.zeros([BLOCK_M, DIM], tl.float32)
         keys = tl.arange(0, TILE)
         num_keys = tl.minimum(seq_len, context + (local + 1) * BLOCK_Q)  # the last row's view
-        for start in range(0, num_keys, TILE):
+        per_segment = tl.cdiv(tl.cdiv(num_keys, TILE), SEGMENTS) * TILE
+        first = tl.program_id(2) * per_segment
+        for start in range(first, tl.minimum(num_keys, first + per_segment), TILE):
             key = start + keys
             key_ok = key < num_keys
             block = tl.load(block_tables_ptr + seq * stride_bt + key // BLOCK_SIZE,
@@ -113,10 +121,47 @@ def _attention_kernel(
             acc = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), acc * alpha[:, None],
                          input_precision=PRECISION)  # fmt: skip
             m = m_new
-        acc = acc / tl.where(total > 0.0, total, 1.0)[:, None]
-        o_rows = (q_start + q_idx) * stride_ot + head * stride_oh
-        tl.store(out_ptr + o_rows[:, None] + dims[None, :], cast(acc, out_dtype, INTERPRET),
-                 mask=row_ok[:, None] & dim_ok[None, :])  # fmt: skip
+        if SEGMENTS == 1:
+            acc = acc / tl.where(total > 0.0, total, 1.0)[:, None]
+            o_rows = (q_start + q_idx) * stride_ot + head * stride_oh
+            tl.store(out_ptr + o_rows[:, None] + dims[None, :], cast(acc, out_dtype, INTERPRET),
+                     mask=row_ok[:, None] & dim_ok[None, :])  # fmt: skip
+        else:  # partials [tokens, heads, SEGMENTS] (x DIM), float32
+            part = ((q_start + q_idx) * num_heads + head) * SEGMENTS + tl.program_id(2)
+            # -inf where nothing was visible: a slice of keys all after a prefill query
+            tl.store(part_m_ptr + part, tl.where(total > 0.0, m, float("-inf")), mask=row_ok)
+            tl.store(part_total_ptr + part, total, mask=row_ok)
+            tl.store(part_acc_ptr + part.to(tl.int64)[:, None] * DIM + dims[None, :], acc,
+                     mask=row_ok[:, None])  # fmt: skip
+
+
+@triton.jit
+def _merge_segments(
+    out_ptr, part_acc_ptr, part_m_ptr, part_total_ptr, num_heads, head_dim, stride_ot,
+    stride_oh, SEGMENTS: tl.constexpr, DIM: tl.constexpr, INTERPRET: tl.constexpr,
+):  # fmt: skip
+    """One (token, head): the segments' softmax sums rescaled to their common maximum."""
+    t = tl.program_id(0)
+    head = tl.program_id(1)
+    part = (t * num_heads + head) * SEGMENTS + tl.arange(0, SEGMENTS)
+    dims = tl.arange(0, DIM)
+    m = tl.load(part_m_ptr + part)
+    top = tl.max(m, axis=0)
+    weight = tl.where(m > float("-inf"), tl.exp(m - top), 0.0)  # a segment past the keys: 0
+    total = tl.sum(tl.load(part_total_ptr + part) * weight, axis=0)
+    acc = tl.load(part_acc_ptr + part.to(tl.int64)[:, None] * DIM + dims[None, :])
+    o = tl.sum(acc * weight[:, None], axis=0) / total
+    dst = out_ptr + t * stride_ot + head * stride_oh + dims
+    tl.store(dst, cast(o, out_ptr.dtype.element_ty, INTERPRET), mask=dims < head_dim)
+
+
+def _segments(tokens: int, num_seqs: int, kv_heads: int, device: torch.device) -> int:
+    """16 key slices for a decode step whose sequences x KV heads would leave a GPU's
+    multiprocessors idle (two programs per SM at least), else 1."""
+    if device.type != "cuda" or tokens != num_seqs:  # some sequence has a prefill chunk
+        return 1
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return 16 if num_seqs * kv_heads < 2 * sms else 1
 
 
 def paged_attention(
@@ -125,9 +170,11 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     tile: int | None = None,
+    segments: int | None = None,
 ) -> torch.Tensor:
     """tile: keys per inner step (a power of two >= 16; default TILE); it need not match the
-    cache's block size."""
+    cache's block size. segments: slices of the keys taken by programs of their own, merged
+    after (a power of two; default from _segments)."""
     tokens, num_heads, head_dim = q.shape
     kv_heads, _, block_size, _ = cache.k.shape
     assert q.stride(-1) == 1 and cache.k.is_contiguous() and cache.k.stride() == cache.v.stride()
@@ -141,14 +188,26 @@ def paged_attention(
     block_m = max(MIN_BLOCK_M, triton.next_power_of_2(group))
     block_q = block_m // group
     fp8 = cache.k_scale is not None
-    _attention_kernel[(tokens // block_q + num_seqs, kv_heads)](
+    segments = segments or _segments(tokens, num_seqs, kv_heads, q.device)
+    assert segments & (segments - 1) == 0, "segments: a power of two"
+    dim = max(16, triton.next_power_of_2(head_dim))
+    parts = [out, out, out]  # unused with one segment
+    if segments > 1:
+        shape = (tokens, num_heads, segments)
+        parts = [torch.empty((*shape, dim), dtype=torch.float32, device=q.device)]
+        parts += [torch.empty(shape, dtype=torch.float32, device=q.device) for _ in "mt"]
+    _attention_kernel[(tokens // block_q + num_seqs, kv_heads, segments)](
         out, q, cache.k, cache.v, cache.k_scale if fp8 else q, cache.v_scale if fp8 else q,
-        meta.block_tables, meta.seq_lens, meta.query_start, scale, num_seqs, num_heads,
+        meta.block_tables, meta.seq_lens, meta.query_start, *parts, scale, num_seqs, num_heads,
         head_dim, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.k.stride(0), cache.k.stride(1), cache.k.stride(2), meta.block_tables.stride(0),
         GROUP=group, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_SIZE=block_size,
-        TILE=tile, DIM=max(16, triton.next_power_of_2(head_dim)),
-        FP8=fp8, DOT_DTYPE=dot_dtype(q.dtype), PRECISION=dot_precision(q.dtype),
-        INTERPRET=INTERPRET,
+        TILE=tile, DIM=dim, FP8=fp8, SEGMENTS=segments, DOT_DTYPE=dot_dtype(q.dtype),
+        PRECISION=dot_precision(q.dtype), INTERPRET=INTERPRET,
     )  # fmt: skip
+    if segments > 1:
+        _merge_segments[(tokens, num_heads)](
+            out, *parts, num_heads, head_dim, out.stride(0), out.stride(1),
+            SEGMENTS=segments, DIM=dim, INTERPRET=INTERPRET,
+        )  # fmt: skip
     return out
