@@ -57,7 +57,7 @@ KVReservation = Annotated[
     ),
 ]
 EnforceEager = Annotated[
-    bool, typer.Option(help="eager PyTorch only: no compiled CPU decode attention")
+    bool, typer.Option(help="eager PyTorch only: no compiled CPU forward or decode attention")
 ]
 CudaGraphs = Annotated[
     bool,
@@ -356,7 +356,7 @@ def run(
         str | None, Opt(help="engine: auto | bfloat16 | float32 | fp8")
     ] = None,
     enforce_eager: Annotated[
-        bool | None, Opt(help="engine: no compiled CPU decode attention")
+        bool | None, Opt(help="engine: eager PyTorch only (no compiled CPU forward)")
     ] = None,
     attention_backend: Annotated[
         str | None, Opt(help="engine: auto | torch | triton (attention-layer kernels)")

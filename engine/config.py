@@ -77,8 +77,9 @@ class EngineConfig:
     quantization: Literal["fp8", "none"] | None = None  # fp8: e4m3 linears, per-channel scales
     seed: int = 0
     max_model_len: int | None = None  # default: the model's context length
-    # False: on CPU, decode attention is a torch.compile'd kernel reading K/V in place
-    # (engine/ops/cpu_decode_attention.py), compiled at start-up. True: eager PyTorch only.
+    # False: on CPU, the decoder layers run compiled (engine/model/compiled_forward.py) and
+    # decode attention reads K/V in place (engine/ops/cpu_decode_attention.py), compiled at
+    # start-up. True: eager PyTorch only.
     enforce_eager: bool = False
     # Kernels of the attention layer (attention, cache write, rotary, norms). torch: the
     # PyTorch ops (engine/ops), compiled on CPU unless enforce_eager. triton: engine/ops/triton,
