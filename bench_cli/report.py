@@ -163,9 +163,9 @@ def steps_figure(steps: pd.DataFrame, t0: float, peak: dict[str, Any] | None = N
     step logs that count them, engine/model/cost.py) its achieved model FLOP/s and bytes/s
     against this device's measured peak (bench_cli/device_peak.py)."""
     t = steps["t"] - t0
-    rates = "flops" in steps and steps["flops"].notna().any()
+    moved = _bytes_moved(steps)
     titles = ["tokens per step", "step time (ms)", "KV blocks used"]
-    if rates:
+    if moved is not None:
         titles += ["achieved GFLOP/s (model FLOPs)", "achieved GB/s (weights + KV read + written)"]
     fig = make_subplots(rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles)
     fig.add_trace(go.Bar(x=t, y=steps["prefill_tokens"], name="prefill"), row=1, col=1)
@@ -180,15 +180,14 @@ def steps_figure(steps: pd.DataFrame, t0: float, peak: dict[str, Any] | None = N
     fig.add_trace(
         go.Scatter(x=t, y=steps["kv_blocks_used"], mode="lines", name="KV blocks"), row=3, col=1
     )
-    if rates:
-        moved = steps["weight_bytes"] + steps["kv_read_bytes"] + steps["kv_write_bytes"]
+    if moved is not None:
         kind = steps["prefill_tokens"].gt(0).map({True: "steps with prefill", False: "decode"})
-        for row, values, scale in ((4, steps["flops"], 1e9), (5, moved, 1e9)):
+        for row, values in ((4, steps["flops"]), (5, moved)):
             for name in ("decode", "steps with prefill"):
                 sel = kind == name
                 fig.add_trace(
                     go.Scatter(
-                        x=t[sel], y=values[sel] / steps["dur_s"][sel] / scale, mode="markers",
+                        x=t[sel], y=values[sel] / steps["dur_s"][sel] / 1e9, mode="markers",
                         name=f"{name} ({'FLOP/s' if row == 4 else 'bytes/s'})",
                         marker={"size": 3},
                     ),
@@ -212,12 +211,20 @@ def steps_figure(steps: pd.DataFrame, t0: float, peak: dict[str, Any] | None = N
     return fig
 
 
+def _bytes_moved(steps: pd.DataFrame) -> pd.Series | None:
+    """Each step's bytes moved, where the step log counts them (engine/model/cost.py; with its
+    "flops"); None for older logs."""
+    if "flops" not in steps or not steps["flops"].notna().any():
+        return None
+    return steps["weight_bytes"] + steps["kv_read_bytes"] + steps["kv_write_bytes"]
+
+
 def utilization_text(steps: pd.DataFrame, peak: dict[str, Any] | None) -> str:
     """Time-weighted achieved rates of decode steps and of steps with prefill (total FLOPs or
     bytes / total step time), as a share of the peak where it was measured."""
-    if "flops" not in steps or not steps["flops"].notna().any():
+    moved = _bytes_moved(steps)
+    if moved is None:
         return ""
-    moved = steps["weight_bytes"] + steps["kv_read_bytes"] + steps["kv_write_bytes"]
     parts = []
     for name, sel in (("decode steps", steps["prefill_tokens"].eq(0)),
                       ("steps with prefill", steps["prefill_tokens"].gt(0))):  # fmt: skip

@@ -164,7 +164,7 @@ class ModelRunner:
             table = block_tables[r.request_id][:max_blocks]
             tables[i, : len(table)] = table
         dev = self.device
-        meta = AttentionMetadata.build(starts, q_lens, tables, bs, dev, self.fused_decode)
-        pos = torch.from_numpy(token_positions(starts, q_lens)).to(dev)
+        pos = token_positions(starts, q_lens)
+        meta = AttentionMetadata.build(starts, q_lens, tables, bs, dev, self.fused_decode, pos)
         input_ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
-        return input_ids, pos, meta
+        return input_ids, torch.from_numpy(pos).to(dev), meta

@@ -10,14 +10,11 @@ import torch.nn.functional as F
 
 from bench_cli.claims import accuracy
 from bench_cli.claims.evidence import read_steps
-from bench_cli.claims.utilization import (
-    matmul_params,
-    measure_peak,
-    step_cost,
-    utilization,
-)
+from bench_cli.claims.utilization import step_cost, utilization
+from bench_cli.device_peak import measure_peak
 from engine import LLM
 from engine.config import ModelConfig
+from engine.model.cost import matmul_params
 
 # Random weights behind SmolLM2's tokenizer: real text at tiny-model speed.
 TINY = "tiny-smollm2"

@@ -9,11 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from bench_cli.device_peak import measure_peak
 from engine.config import ModelConfig
 from engine.model.cost import matmul_params
-
-__all__ = ["matmul_params", "measure_peak", "step_cost", "utilization"]
 
 
 def step_cost(

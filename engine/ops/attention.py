@@ -61,13 +61,15 @@ class AttentionMetadata:
         block_size: int,
         device: torch.device,
         fuse_decodes: bool = False,
+        positions: np.ndarray
+        | None = None,  # token_positions(starts, q_lens), if the caller has it
     ) -> AttentionMetadata:
         """The metadata of one step: slots of the new tokens, the padded decode and prefill
         views the torch path reads, and the flat view the Triton kernel reads."""
         bs = block_size
         seq_lens = starts + q_lens
         owner = np.repeat(np.arange(len(q_lens)), q_lens)
-        pos = token_positions(starts, q_lens)
+        pos = token_positions(starts, q_lens) if positions is None else positions
         slots = tables[owner, pos // bs] * bs + pos % bs
         tables = tables[:, : int(-(-seq_lens.max() // bs))]
         nd = int((q_lens == 1).sum())  # decodes come first

@@ -1,4 +1,5 @@
-"""Launch settings shared by the kernels, and a cast that is exact in Triton's interpreter.
+"""What the kernels share: the interpreter switch, the dot settings, and a cast that is exact in
+Triton's interpreter.
 
 The interpreter (triton 3.9) rounds float32 -> bfloat16 by truncation and float32 -> e4m3
 without carrying a mantissa overflow into the exponent (126.2 becomes 64, not 128):
@@ -67,7 +68,3 @@ def cast(x, dtype: tl.constexpr, interpret: tl.constexpr):
         elif dtype == tl.float8e4nv:
             x = _round_e4m3(x)
     return x.to(dtype)
-
-
-def next_power_of_2(n: int) -> int:
-    return triton.next_power_of_2(n)
