@@ -69,6 +69,65 @@ class SchedulerConfig:
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
 
 
+SPEC_METHODS = ("ngram", "draft_layers")
+
+
+@dataclass(slots=True)
+class SpeculativeConfig:
+    """vLLM's `speculative_config`. ngram: prompt lookup, proposals copied from the tokens
+    after the latest earlier occurrence of the context's last n tokens (n from
+    prompt_lookup_max down to prompt_lookup_min). draft_layers: a self-speculative draft, the
+    first `num_draft_layers` layers of the model itself with its final norm and LM head
+    (LayerSkip-style early exit; it shares those layers' KV cache with the target)."""
+
+    method: Literal["ngram", "draft_layers"] = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+    num_draft_layers: int | None = None  # draft_layers; default: half the model's layers
+
+    @classmethod
+    def parse(
+        cls, value: SpeculativeConfig | dict[str, Any] | str | None
+    ) -> SpeculativeConfig | None:
+        """From a dict (the LLM argument) or its JSON text (the CLI flag); None stays None."""
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {value!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(value) - known)
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys {unknown}; known: {sorted(known)}")
+        cfg = cls(**value)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(
+                f"speculative_config method must be one of {', '.join(SPEC_METHODS)}, "
+                f"got {self.method!r}"
+            )
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError(
+                "need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                f"{self.prompt_lookup_min}, {self.prompt_lookup_max}"
+            )
+        if self.num_draft_layers is not None and self.num_draft_layers < 1:
+            raise ValueError(f"num_draft_layers must be >= 1, got {self.num_draft_layers}")
+
+
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "smollm2-135m"
@@ -89,6 +148,8 @@ class EngineConfig:
     # CUDA graphs of decode-only steps, one per batch-size bucket (engine/cuda_graphs.py):
     # CUDA and the triton backend only; off until measured on a GPU (benchmarks/gpu_check.sh).
     cuda_graphs: bool = False
+    # Speculative decoding (engine/spec_decode): None is off.
+    speculative_config: SpeculativeConfig | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -104,6 +165,8 @@ class EngineConfig:
                 raise TypeError(
                     f"unknown engine argument {name!r}; known: {sorted(engine_arg_names())}"
                 )
+            if name == "speculative_config":
+                value = SpeculativeConfig.parse(value)
             setattr(target, name, value)
         cfg.validate()
         return cfg
@@ -152,6 +215,15 @@ class EngineConfig:
         """Fill the defaults that depend on the model: context length, token budget, KV blocks."""
         if self.max_model_len is None:
             self.max_model_len = model_config.max_position_embeddings
+        spec = self.speculative_config
+        if spec is not None and spec.method == "draft_layers":
+            if spec.num_draft_layers is None:
+                spec.num_draft_layers = max(1, model_config.num_layers // 2)  # recorded
+            if spec.num_draft_layers >= model_config.num_layers:
+                raise ValueError(
+                    f"num_draft_layers={spec.num_draft_layers} must be fewer than the model's "
+                    f"{model_config.num_layers} layers"
+                )
         s, c = self.scheduler, self.cache
         if s.max_num_batched_tokens is None:
             s.max_num_batched_tokens = (

@@ -17,7 +17,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.cuda_graphs import DecodeGraphs
 from engine.model.cost import step_cost
 from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
@@ -26,6 +26,7 @@ from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.ops.cpu_linear import onednn_packing_enabled
 from engine.ops.fp8 import FP8
 from engine.runner import ModelRunner
+from engine.spec_decode import Proposer, make_proposer
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,14 @@ class LLMEngine:
             self.runner.graphs = DecodeGraphs(
                 loaded.model, self.runner.kv_caches, config.scheduler.max_num_seqs, max_blocks
             )
+        spec = config.speculative_config
+        self.proposer: Proposer | None = None
+        if spec is not None:
+            self.proposer = make_proposer(spec, self.runner, self.kv.block_tables)
+        # Drafts verified (one per request and step that had any), draft tokens, accepted ones,
+        # and accepted ones by draft position (vLLM's spec_decode counters).
+        self.spec_counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
+        self.spec_accepted_per_pos = [0] * (spec.num_speculative_tokens if spec else 0)
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
         self.eos_token_ids = loaded.config.eos_token_ids or (
@@ -382,7 +391,10 @@ class LLMEngine:
         self._step_log = None if path is None else open(path, "a", buffering=1)  # noqa: SIM115
 
     def step(self) -> list[RequestOutput]:
+        candidates = self._want_drafts() if self.proposer is not None else []
         out = self.scheduler.schedule()
+        if candidates:
+            self._propose(candidates, out)
         if self.on_queue_time is not None:
             for r in out.first_scheduled:
                 self.on_queue_time(r.metrics.first_scheduled_time - r.metrics.arrival_time)
@@ -397,22 +409,32 @@ class LLMEngine:
             for r, n in out.scheduled
         )
         sampled = self.runner.execute(out, self.kv.block_tables)
-        self.scheduler.advance(out)
+        logit_rows = sum(len(r.spec_token_ids) + 1 for r, _ in sampled)
+        rejected = self._count_accepted(sampled) if out.num_spec else None
+        self.scheduler.advance(out, rejected)
         now = time.monotonic()
         outputs: list[RequestOutput] = []
         self._step_outputs = outputs  # what fail_running delivers if the loop below raises
-        for req, token in sampled:
-            req.token_ids.append(token)
+        num_new = 0
+        for req, tokens in sampled:
+            req.spec_token_ids = []
             if req.metrics.first_token_time is None:
                 req.metrics.first_token_time = now
                 if req.index == 0:  # n > 1: the children share one prompt
                     self._counters["prompt_tokens"] += req.num_prompt_tokens
-            self._process_token(req, token)
-            outputs.append(self._output(req, [token]))
+            emitted = []
+            for token in tokens:  # several with speculative decoding, up to a stop
+                req.token_ids.append(token)
+                emitted.append(token)
+                self._process_token(req, token)
+                if req.is_finished:
+                    break
+            num_new += len(emitted)
+            outputs.append(self._output(req, emitted))
         if self._held:
             self._release_held()
         self._counters["steps"] += 1
-        self._counters["generation_tokens"] += len(sampled)
+        self._counters["generation_tokens"] += num_new
         self._last_step = {
             "num_tokens": out.num_batched_tokens,
             "num_seqs": len(out.scheduled),
@@ -441,12 +463,67 @@ class LLMEngine:
                     for r in out.first_scheduled
                 ],
                 "context_tokens": sum(s + n for s, n in chunks),  # KV the attention reads
+                # Speculative decoding: draft tokens verified, and of those accepted.
+                "draft_tokens": sum(out.num_spec.values()),
+                "accepted_tokens": sum(out.num_spec.values()) - sum((rejected or {}).values()),
                 # Model FLOPs and bytes moved (engine/model/cost.py): utilization per step.
-                **self._step_cost(chunks, len(sampled)),
+                **self._step_cost(chunks, logit_rows),
             }
             self._step_log.write(json.dumps(line) + "\n")
         self._step_outputs = []
         return outputs
+
+    def _want_drafts(self) -> list[Request]:
+        """Before scheduling: how many draft tokens each decoding request wants room for
+        (at most num_speculative_tokens, and never past max_tokens or the context length)."""
+        assert self.proposer is not None and self.config.speculative_config is not None
+        k_max = self.config.speculative_config.num_speculative_tokens
+        candidates = []
+        for req in self.scheduler.running:
+            req.spec_token_ids = []
+            if req.num_computed_tokens != req.num_tokens - 1 or not req.num_output_tokens:
+                continue  # a prefill (or a recompute after preemption)
+            k = min(
+                k_max,
+                req.params.max_tokens - req.num_output_tokens - 1,
+                self.max_model_len - req.num_tokens - 1,
+            )
+            if k > 0 and (wanted := self.proposer.num_wanted(req, k)) > 0:
+                req.num_spec_wanted = wanted
+                candidates.append(req)
+        return candidates
+
+    def _propose(self, candidates: list[Request], out: SchedulerOutput) -> None:
+        """After scheduling: drafts for the requests granted room for some."""
+        assert self.proposer is not None
+        batch = []
+        for req in candidates:
+            req.num_spec_wanted = 0
+            granted = out.num_spec.get(req.request_id, 0)
+            if granted:
+                batch.append((req, granted))
+            else:
+                req.spec_token_ids = []
+        if batch:
+            self.proposer.propose(batch)
+            for req, granted in batch:
+                assert len(req.spec_token_ids) == granted, "a proposer broke its contract"
+
+    def _count_accepted(self, sampled: list[tuple[Request, list[int]]]) -> dict[str, int]:
+        """The spec-decode counters; returns each verified request's rejected draft count."""
+        rejected = {}
+        for req, tokens in sampled:
+            drafts = len(req.spec_token_ids)
+            if not drafts:
+                continue
+            accepted = len(tokens) - 1
+            rejected[req.request_id] = drafts - accepted
+            self.spec_counts["drafts"] += 1
+            self.spec_counts["draft_tokens"] += drafts
+            self.spec_counts["accepted_tokens"] += accepted
+            for i in range(accepted):
+                self.spec_accepted_per_pos[i] += 1
+        return rejected
 
     def _step_cost(self, chunks: list[tuple[int, int]], sampled_rows: int) -> dict[str, float]:
         c = self.config
@@ -554,6 +631,25 @@ class LLMEngine:
             "num_steps": self._counters["steps"],
             "prompt_tokens_total": self._counters["prompt_tokens"],
             "generation_tokens_total": self._counters["generation_tokens"],
+            **self.spec_stats(),
+        }
+
+    def spec_stats(self) -> dict[str, Any]:
+        """Speculative decoding's counters (zeros when off): acceptance rate = accepted / draft
+        tokens; mean acceptance length = tokens per verified draft, 1 + accepted / drafts
+        (vLLM's definitions)."""
+        c = self.spec_counts
+        return {
+            "spec_decode_num_drafts": c["drafts"],
+            "spec_decode_num_draft_tokens": c["draft_tokens"],
+            "spec_decode_num_accepted_tokens": c["accepted_tokens"],
+            "spec_decode_num_accepted_tokens_per_pos": list(self.spec_accepted_per_pos),
+            "spec_decode_acceptance_rate": (
+                c["accepted_tokens"] / c["draft_tokens"] if c["draft_tokens"] else None
+            ),
+            "spec_decode_mean_acceptance_length": (
+                1 + c["accepted_tokens"] / c["drafts"] if c["drafts"] else None
+            ),
         }
 
     def _hit_rate(self) -> float:

@@ -16,6 +16,7 @@ from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
 from engine.ops.attention import token_positions
 from engine.ops.fp8 import FP8
 from engine.sampler import sample
+from engine.spec_decode.rejection import verify
 
 
 class ModelRunner:
@@ -81,34 +82,65 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(
         self, out: SchedulerOutput, block_tables: dict[str, list[int]]
-    ) -> list[tuple[Request, int]]:
-        """Run one step; returns (request, sampled token) for requests that caught up."""
+    ) -> list[tuple[Request, list[int]]]:
+        """Run one step; returns (request, new tokens) for requests that caught up: one token,
+        or with speculative decoding the accepted drafts and one of the target's."""
         # Decodes (single-token queries) first: attention batches them without padding.
         items = sorted(out.scheduled, key=lambda item: item[1] != 1)
         input_ids, positions, meta = self.prepare_inputs(items, block_tables)
-        decodes_only = meta.num_decode_tokens == len(input_ids)
-        if self.graphs is not None and decodes_only and self.graphs.supports(len(input_ids)):
-            hidden = self.graphs.run(input_ids, positions, meta)
-        elif self.triton or not self.compiled_forward:
-            hidden = self.forward(input_ids, positions, meta)
-        elif decodes_only:
-            mask = meta.decode_mask.view(len(input_ids), -1)
-            hidden = compiled_forward.decode_forward(
-                self.model, input_ids, positions, self.kv_caches, meta.slot_mapping,
-                meta.decode_block_tables, mask,
-            )  # fmt: skip
-        else:
-            hidden = compiled_forward.step_forward(
-                self.model, input_ids, positions, self.kv_caches, meta
-            )
+        hidden = self.run(input_ids, positions, meta)
         ends = np.cumsum([n for _, n in items]) - 1
-        done = [i for i, (r, n) in enumerate(items) if r.num_computed_tokens + n == r.num_tokens]
-        if not done:
+        rows: list[int] = []  # hidden-state rows to sample or verify from
+        spec_rows: list[bool] = []
+        plain: list[Request] = []
+        spec: list[tuple[Request, list[int]]] = []
+        for end, (r, n) in zip(ends, items, strict=True):
+            s = len(r.spec_token_ids)  # a verified decode's rows: its token and each draft's
+            if r.num_computed_tokens + n - s == r.num_tokens:
+                rows += range(end - s, end + 1)
+                spec_rows += [s > 0] * (s + 1)
+                if s:
+                    spec.append((r, r.spec_token_ids))
+                else:
+                    plain.append(r)
+        if not rows:
             return []
-        rows = torch.as_tensor(ends[done], device=self.device)
-        logits = self.model.compute_logits(hidden[rows])
-        reqs = [items[i][0] for i in done]
-        return list(zip(reqs, self.sample(logits, reqs), strict=True))
+        logits = self.model.compute_logits(hidden[torch.as_tensor(rows, device=self.device)])
+        if not spec:
+            return [(r, [t]) for r, t in zip(plain, self.sample(logits, plain), strict=True)]
+        is_spec = torch.tensor(spec_rows, device=self.device)
+        results: list[tuple[Request, list[int]]] = []
+        if plain:
+            tokens = self.sample(logits[~is_spec], plain)
+            results += [(r, [t]) for r, t in zip(plain, tokens, strict=True)]
+        verified = verify(logits[is_spec], spec, self.generator)
+        return results + [(r, t) for (r, _), t in zip(spec, verified, strict=True)]
+
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        num_layers: int | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] of a step through the fastest path that applies: CUDA
+        graphs, the compiled CPU forward, or the backend's eager one; `num_layers`: the first
+        ones only (a draft)."""
+        decodes_only = meta.num_decode_tokens == len(input_ids)
+        graphs = self.graphs
+        if num_layers is None and graphs and decodes_only and graphs.supports(len(input_ids)):
+            return graphs.run(input_ids, positions, meta)
+        if self.triton or not self.compiled_forward:
+            return self.forward(input_ids, positions, meta, num_layers)
+        if decodes_only:
+            mask = meta.decode_mask.view(len(input_ids), -1)
+            return compiled_forward.decode_forward(
+                self.model, input_ids, positions, self.kv_caches, meta.slot_mapping,
+                meta.decode_block_tables, mask, num_layers,
+            )  # fmt: skip
+        return compiled_forward.step_forward(
+            self.model, input_ids, positions, self.kv_caches, meta, num_layers
+        )
 
     def sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
         return sample(logits, reqs, self.generator)
@@ -131,12 +163,17 @@ class ModelRunner:
         return torch.cat(hidden)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
         """The eager forward of this runner's attention backend."""
+        args = (input_ids, positions, self.kv_caches, meta, num_layers)
         if self.triton:
-            return triton_forward.forward(self.model, input_ids, positions, self.kv_caches, meta)
-        return self.model(input_ids, positions, self.kv_caches, meta)
+            return triton_forward.forward(self.model, *args)
+        return self.model(*args)
 
     def _warm_up_step(self) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """A step over a 4-block scratch cache for compiled_forward.warm_up: a decode beside a
@@ -152,19 +189,31 @@ class ModelRunner:
     def prepare_inputs(
         self, items: list[tuple[Request, int]], block_tables: dict[str, list[int]]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        bs = self.block_size
-        starts = np.array([r.num_computed_tokens for r, _ in items], dtype=np.int64)
-        q_lens = np.array([n for _, n in items], dtype=np.int64)
+        """Inputs of a step computing n tokens of each request from its first uncomputed
+        one (draft tokens follow a request's own)."""
         tokens: list[int] = []
         for r, n in items:
-            tokens += r.token_ids[r.num_computed_tokens : r.num_computed_tokens + n]
-        max_blocks = int(-(-(starts + q_lens).max() // bs))
-        tables = np.zeros((len(items), max_blocks), dtype=np.int64)
-        for i, (r, _) in enumerate(items):
-            table = block_tables[r.request_id][:max_blocks]
-            tables[i, : len(table)] = table
+            seq = r.token_ids + r.spec_token_ids if r.spec_token_ids else r.token_ids
+            tokens += seq[r.num_computed_tokens : r.num_computed_tokens + n]
+        starts = [r.num_computed_tokens for r, _ in items]
+        tables = [block_tables[r.request_id] for r, _ in items]
+        return self.build_inputs(tokens, starts, [n for _, n in items], tables)
+
+    def build_inputs(
+        self, tokens: list[int], starts: list[int], q_lens: list[int], tables: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Inputs of a step computing q_lens[i] tokens of sequence i from position starts[i],
+        its KV in blocks tables[i]; `tokens` concatenated."""
+        bs = self.block_size
+        start = np.array(starts, dtype=np.int64)
+        q_len = np.array(q_lens, dtype=np.int64)
+        max_blocks = int(-(-(start + q_len).max() // bs))
+        table = np.zeros((len(starts), max_blocks), dtype=np.int64)
+        for i, row in enumerate(tables):
+            row = row[:max_blocks]
+            table[i, : len(row)] = row
         dev = self.device
-        pos = token_positions(starts, q_lens)
-        meta = AttentionMetadata.build(starts, q_lens, tables, bs, dev, self.fused_decode, pos)
+        pos = token_positions(start, q_len)
+        meta = AttentionMetadata.build(start, q_len, table, bs, dev, self.fused_decode, pos)
         input_ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
         return input_ids, torch.from_numpy(pos).to(dev), meta

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.core.request import Request
+from engine.core.request import Request, SamplingParams
 
 
 def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> list[int]:
@@ -18,24 +18,36 @@ def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Gener
     greedy = logits.argmax(dim=-1)
     if all(r.params.greedy for r in requests):
         return greedy.tolist()
+    params = [r.params for r in requests]
+    probs = probabilities(logits, params)
+    noise = torch.empty(probs.shape, dtype=torch.float32)
+    noise.exponential_(generator=generator)
+    for i, r in enumerate(requests):
+        if r.generator is not None:
+            noise[i].exponential_(generator=r.generator)
+    sampled = (probs / noise.to(probs.device)).argmax(dim=-1)
+    is_greedy = torch.tensor([p.greedy for p in params], device=probs.device)
+    return torch.where(is_greedy, greedy, sampled).tolist()
+
+
+def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Float32 [N, vocab]: the distribution each row's request samples from (its temperature,
+    top-k and top-p applied); a greedy row's is tempered by 1."""
     logits = logits.float()
     device = logits.device
-    params = [r.params for r in requests]
     temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
     logits = logits / temperature.unsqueeze(1)
     top_k = [p.top_k for p in params]
     top_p = [p.top_p for p in params]
     if any(top_k) or any(p < 1.0 for p in top_p):
         logits = _apply_top_k_top_p(logits, top_k, top_p)
-    probs = logits.softmax(dim=-1)
-    noise = torch.empty(probs.shape, dtype=torch.float32)
-    noise.exponential_(generator=generator)
-    for i, r in enumerate(requests):
-        if r.generator is not None:
-            noise[i].exponential_(generator=r.generator)
-    sampled = (probs / noise.to(device)).argmax(dim=-1)
-    is_greedy = torch.tensor([p.greedy for p in params], device=device)
-    return torch.where(is_greedy, greedy, sampled).tolist()
+    return logits.softmax(dim=-1)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from a (possibly unnormalized) distribution [vocab] on the CPU."""
+    noise = torch.empty(probs.shape, dtype=torch.float32).exponential_(generator=generator)
+    return int((probs / noise).argmax())
 
 
 def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:

@@ -146,6 +146,15 @@ class KVCacheManager:
         self.peak_num_requests = max(self.peak_num_requests, len(self.block_tables))
         return True
 
+    def trim(self, request_id: str, num_tokens: int) -> None:
+        """Give back the blocks past the first `num_tokens` tokens (rejected draft tokens'),
+        never below a max_len reservation."""
+        table = self.block_tables[request_id]
+        keep = self.blocks_for(max(num_tokens, self.reserve_tokens))
+        if len(table) > keep:
+            self.pool.free(reversed(table[keep:]))
+            del table[keep:]
+
     def free(self, request_id: str) -> None:
         # Tail blocks first: they hold the least shareable tokens, so they are reused first.
         self.pool.free(reversed(self.block_tables.pop(request_id, [])))

@@ -103,6 +103,10 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None  # the stop string or token id that matched
         self.num_computed_tokens = 0
+        # Speculative decoding: drafts to make room for (set before scheduling), and the
+        # drafts this step verifies (after); extra query tokens after token_ids.
+        self.num_spec_wanted = 0
+        self.spec_token_ids: list[int] = []
         self.num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
         self.metrics = RequestMetrics(arrival_time or time.monotonic())
         self.stop_token_ids = set(params.stop_token_ids)

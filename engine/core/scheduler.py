@@ -28,6 +28,9 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     cached_tokens: int = 0  # admitted from the prefix cache this step (not computed)
     first_scheduled: list[Request] = field(default_factory=list)  # scheduled for the first time
+    # Speculative decoding: draft tokens granted to a decode (request id -> count), included
+    # in its scheduled tokens (1 + drafts).
+    num_spec: dict[str, int] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -127,8 +130,11 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted this step to make room for another
             n = self._num_new_tokens(req, budget)
-            if n > 0 and self._allocate_or_preempt(req, n, out):
-                out.scheduled.append((req, n))
+            spec = min(req.num_spec_wanted, budget - n) if n == 1 else 0
+            if n > 0 and self._allocate_or_preempt(req, n + spec, out):
+                out.scheduled.append((req, n + spec))
+                if spec > 0:
+                    out.num_spec[req.request_id] = spec
 
         if out.preempted and not self.by_priority:  # short of blocks: admitting would thrash
             return out
@@ -212,6 +218,7 @@ class Scheduler:
         """Back to the queue, to be recomputed; tokens it was given this step are taken back."""
         self.running.remove(req)
         out.scheduled = [(r, n) for r, n in out.scheduled if r is not req]
+        out.num_spec.pop(req.request_id, None)
         out.preempted.append(req)
         self.kv.free(req.request_id)
         req.num_computed_tokens = 0  # recompute from scratch when readmitted
@@ -234,10 +241,17 @@ class Scheduler:
 
     # ---- after a step ------------------------------------------------------------------
 
-    def advance(self, out: SchedulerOutput) -> None:
+    def advance(self, out: SchedulerOutput, rejected: dict[str, int] | None = None) -> None:
+        """Count the step's tokens as computed; `rejected`: draft tokens (request id -> count)
+        the target did not accept, whose KV slots are rolled back (whole blocks freed)."""
         for req, n in out.scheduled:
-            req.num_computed_tokens += n
-            self.kv.cache_computed(req.request_id, req.token_ids, req.num_computed_tokens)
+            back = rejected.get(req.request_id, 0) if rejected else 0
+            req.num_computed_tokens += n - back
+            if back:  # the next step writes the KV of the token just sampled
+                self.kv.trim(req.request_id, req.num_computed_tokens + 1)
+            # Accepted drafts are computed tokens not yet appended to token_ids.
+            tokens = req.token_ids + req.spec_token_ids if req.spec_token_ids else req.token_ids
+            self.kv.cache_computed(req.request_id, tokens, req.num_computed_tokens)
 
     def finish(self, req: Request, reason: FinishReason) -> None:
         if req.status == RequestStatus.RUNNING:

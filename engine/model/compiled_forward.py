@@ -123,12 +123,15 @@ def decode_forward(
     slots: torch.Tensor,  # [B]
     block_tables: torch.Tensor,  # [B, nb]
     mask: torch.Tensor,  # [B, nb * block_size] bool
+    num_layers: int | None = None,
 ) -> torch.Tensor:
-    """The model's forward for one token of each of B sequences, [B, hidden]."""
+    """The model's forward for one token of each of B sequences, [B, hidden]; `num_layers`:
+    the first ones only."""
     x, cos_sin = model.embed(input_ids, positions)
     _mark_dynamic(x, cos_sin, slots, block_tables, mask, kv_caches)
     layer_decode = _compiled("decode")
-    for layer, cache in zip(model.layers, kv_caches, strict=True):
+    n = num_layers or len(model.layers)
+    for layer, cache in zip(model.layers[:n], kv_caches[:n], strict=True):
         x = layer_decode(layer, x, cos_sin, cache.k, cache.v, slots, block_tables, mask)
     return model.norm(x)
 
@@ -139,6 +142,7 @@ def step_forward(
     positions: torch.Tensor,  # [T]
     kv_caches: list[KVCache],
     meta: AttentionMetadata,
+    num_layers: int | None = None,
 ) -> torch.Tensor:
     """The model's forward for any step, [T, hidden] (as LlamaForCausalLM.forward)."""
     x, cos_sin = model.embed(input_ids, positions)
@@ -146,14 +150,15 @@ def step_forward(
         torch._dynamo.maybe_mark_dynamic(t, 0)  # tokens
     step = _Step(kv_caches, meta)
     _current.append(step)
+    n = num_layers or len(model.layers)
     try:
         layer_step = _compiled("step")
-        for layer in model.layers:
+        for layer in model.layers[:n]:
             x = layer_step(layer, x, cos_sin)
     finally:
         _current.pop()
-    if step.layer != len(model.layers):  # an op left out or run twice: the cache is wrong
-        raise RuntimeError(f"{step.layer} attention calls for {len(model.layers)} layers")
+    if step.layer != n:  # an op left out or run twice: the cache is wrong
+        raise RuntimeError(f"{step.layer} attention calls for {n} layers")
     return model.norm(x)
 
 

@@ -176,9 +176,13 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,  # [T]
         kv_caches: list[KVCache],
         meta: AttentionMetadata,
+        num_layers: int | None = None,
     ) -> torch.Tensor:
+        """[T, hidden] after the final norm; `num_layers`: only the first ones (an early-exit
+        draft: engine/spec_decode/draft_layers.py)."""
         x, cos_sin = self.embed(input_ids, positions)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        n = num_layers or len(self.layers)
+        for layer, kv_cache in zip(self.layers[:n], kv_caches[:n], strict=True):
             x = layer(x, cos_sin, kv_cache, meta)
         return self.norm(x)  # [T, hidden]
 

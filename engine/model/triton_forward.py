@@ -50,12 +50,14 @@ def forward(
     positions: torch.Tensor,  # [T]
     kv_caches: list[KVCache],
     meta: AttentionMetadata,
+    num_layers: int | None = None,
 ) -> torch.Tensor:
     """[T, hidden], as LlamaForCausalLM.forward."""
     from engine.ops import triton as kernels
 
     x, cos_sin = model.embed(input_ids, positions)
     residual = None
-    for layer, cache in zip(model.layers, kv_caches, strict=True):
+    n = num_layers or len(model.layers)
+    for layer, cache in zip(model.layers[:n], kv_caches[:n], strict=True):
         x, residual = _layer(layer, x, residual, cos_sin, cache, meta)
     return kernels.add_rms_norm(x, residual, model.norm.weight, model.norm.eps)[0]
