@@ -63,6 +63,14 @@ CudaGraphs = Annotated[
     bool,
     typer.Option(help="CUDA graphs of decode steps (CUDA, --attention-backend triton; unmeasured)"),
 ]
+SpeculativeConfigOpt = Annotated[
+    str | None,
+    typer.Option(
+        help='speculative decoding as vLLM takes it, JSON: \'{"method": "ngram", '
+        '"num_speculative_tokens": 4}\' (prompt_lookup_min/max) or \'{"method": '
+        '"draft_layers", "num_speculative_tokens": 3, "num_draft_layers": 24}\''
+    ),
+]
 AttentionBackend = Annotated[
     str,
     typer.Option(
@@ -78,12 +86,23 @@ def engine_line(engine: Any) -> str:
     c = engine.config
     kv_gib = engine.stats()["kv_block_bytes"] * engine.kv.num_blocks / 2**30
     held = "fp8 linears" if c.quantization else c.dtype
+    spec = c.speculative_config
+    speculation = ""
+    if spec is not None:
+        detail = (
+            f"n-grams {spec.prompt_lookup_min}-{spec.prompt_lookup_max}"
+            if spec.method == "ngram"
+            else f"first {spec.num_draft_layers} layers"
+        )
+        speculation = (
+            f" · speculative {spec.method} ({detail}), {spec.num_speculative_tokens} tokens"
+        )
     return (
         f"weights {engine.weight_bytes / 2**20:.0f} MiB ({held}; "
         f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
         f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
         f"({c.cache.kv_cache_dtype}) · {c.attention_backend} kernels, decode attention "
-        f"{engine.decode_attention}, forward {engine.model_forward}"
+        f"{engine.decode_attention}, forward {engine.model_forward}{speculation}"
     )
 
 
@@ -123,6 +142,7 @@ def generate(
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
+    speculative_config: SpeculativeConfigOpt = None,
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -174,6 +194,16 @@ def generate(
         f"{stats['num_steps'] - steps0} steps · {stats['num_preemptions'] - preempted0} preemptions"
     )
     console.print(engine_line(llm.llm_engine))
+    drafts, draft_tokens, accepted = (
+        stats[f"spec_decode_num_{k}"] - warm[f"spec_decode_num_{k}"]
+        for k in ("drafts", "draft_tokens", "accepted_tokens")
+    )
+    if drafts:  # the timed run's, as the line above
+        console.print(
+            f"speculative decoding: {accepted} of {draft_tokens} draft tokens accepted "
+            f"({accepted / draft_tokens:.0%}), {1 + accepted / drafts:.2f} tokens per verified "
+            "draft"
+        )
     console.print(
         f"KV cache: peak {stats['kv_peak_blocks_used']}/{stats['kv_blocks_total']} blocks of "
         f"{stats['kv_block_size']} tokens = {paged:.1f} MiB paged, vs {contiguous:.1f} MiB if each "
@@ -213,6 +243,7 @@ def serve(
     enable_prefix_caching: PrefixCaching = True,
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
+    speculative_config: SpeculativeConfigOpt = None,
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -369,6 +400,10 @@ def run(
     ] = None,
     scheduling_policy: Annotated[str | None, Opt(help="engine: fcfs | priority")] = None,
     kv_reservation: Annotated[str | None, Opt(help="engine: paged | max_len (baseline)")] = None,
+    speculative_config: Annotated[
+        str | None,
+        Opt(help='engine: speculative decoding, JSON (e.g. \'{"method": "ngram"}\', see serve)'),
+    ] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""

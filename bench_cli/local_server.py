@@ -33,6 +33,8 @@ def serve_flags(engine: dict[str, Any]) -> list[str]:
         name = key.replace("_", "-")
         if isinstance(value, bool):
             flags.append(f"--{name}" if value else f"--no-{name}")
+        elif isinstance(value, dict):  # speculative_config from a profile's inline table
+            flags += [f"--{name}", json.dumps(value)]
         else:
             flags += [f"--{name}", str(value)]
     return flags

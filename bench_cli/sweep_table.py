@@ -27,6 +27,9 @@ COLUMNS = (
     ("prefill tok", "prompt_tokens_computed", False, 1.0, "{:.0f}"),
     ("prefix hits", "telemetry.prefix_cache_hit_rate", True, 100.0, "{:.0f}%"),
     ("peak KV blocks", "telemetry.peak_engine_kv_blocks_used", False, 1.0, "{:.0f}"),
+    # speculative decoding: accepted / draft tokens, tokens per verified draft
+    ("accepted", "telemetry.spec_acceptance_rate", True, 100.0, "{:.0f}%"),
+    ("tok/draft", "telemetry.spec_mean_acceptance_length", True, 1.0, "{:.2f}"),
 )
 SLO_ATTAINMENT = 0.9  # a load is "served" when 90 % of requests meet every SLO (DistServe)
 

@@ -46,6 +46,7 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
                 f"{ks['statistic']:.3f}, {ks['p_value']:.2f}",
             )
         )
+    rows += _spec_rows(summary.get("telemetry") or {})
     for name, value in rows:
         head.add_row(name, value)
 
@@ -137,3 +138,22 @@ def _cached_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
         return []
     share = f" ({cached / total:.0%})" if total else ""
     return [("  of which from the prefix cache", f"{cached}{share}")]
+
+
+def _spec_rows(telemetry: dict[str, Any]) -> list[tuple[str, str]]:
+    """Speculative decoding over the run, from the server's counters (ours or vLLM's)."""
+    if not telemetry.get("spec_drafts"):
+        return []
+    rate = telemetry.get("spec_acceptance_rate")
+    return [
+        ("Spec decode acceptance rate (%)", "-" if rate is None else f"{rate * 100:.1f}"),
+        ("Spec decode acceptance length", f"{telemetry['spec_mean_acceptance_length']:.2f}"),
+        (
+            "  drafts / draft tokens / accepted",
+            "{:.0f} / {:.0f} / {:.0f}".format(
+                telemetry["spec_drafts"],
+                telemetry["spec_draft_tokens"],
+                telemetry["spec_accepted_tokens"],
+            ),
+        ),
+    ]

@@ -252,6 +252,7 @@ def measure(
     if engine is not None:
         engine.log_steps(out_dir / "steps.jsonl")
     telemetry = Telemetry(target.pid, target.metrics_url, cfg.telemetry_interval)
+    spec_before = engine.spec_stats() if engine is not None else None
     telemetry.start()
     try:
         summary, outcome = run_event_loop(
@@ -263,8 +264,43 @@ def measure(
             engine.log_steps(None)  # closes steps.jsonl
     telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
     summary["telemetry"] = telemetry.summary()
+    if engine is not None:  # in process: no /metrics, the engine's own counters
+        summary["telemetry"] |= spec_counts(spec_before, engine.spec_stats())
+    explain_multi_token_chunks(summary)
     summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
     return summary, outcome
+
+
+def spec_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The run's speculative-decoding counts, as Telemetry.summary gives them from /metrics."""
+    drafts, tokens, accepted = (
+        after[f"spec_decode_num_{k}"] - before[f"spec_decode_num_{k}"]
+        for k in ("drafts", "draft_tokens", "accepted_tokens")
+    )
+    if not drafts:
+        return {}
+    return {
+        "spec_drafts": drafts,
+        "spec_draft_tokens": tokens,
+        "spec_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / tokens if tokens else None,
+        "spec_mean_acceptance_length": 1 + accepted / drafts,
+    }
+
+
+def explain_multi_token_chunks(summary: dict[str, Any]) -> None:
+    """Say why chunks carried several tokens when the server speculated."""
+    t = summary.get("telemetry") or {}
+    if not t.get("spec_drafts"):
+        return
+    why = (
+        f"speculative decoding: {t['spec_mean_acceptance_length']:.2f} tokens per verified "
+        f"draft, {(t['spec_acceptance_rate'] or 0):.0%} of draft tokens accepted"
+    )
+    warnings = summary.get("warnings") or []
+    for i, w in enumerate(warnings):
+        if w.startswith("some chunks carried more than one token"):
+            warnings[i] = f"{w} (the server's {why})"
 
 
 async def run_benchmark(

@@ -272,7 +272,26 @@ def load_profile(name_or_path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"profile {path}: {e}") from e
     data.setdefault("name", path.stem)
+    _resolve_data_paths(data, path.parent)
+    for values in (data.get("sweep") or {}).values():  # bundles of a sweep axis
+        for bundle in values if isinstance(values, list) else ():
+            if isinstance(bundle, dict):
+                _resolve_data_paths(bundle, path.parent)
     return data
+
+
+def _resolve_data_paths(keys: dict[str, Any], base: Path) -> None:
+    """A profile's dataset or trace file may be named relative to the profile itself
+    (profiles/data/...): such a path becomes absolute when no file of that name is found
+    relative to the working directory."""
+    for key in ("dataset", "trace"):
+        value = keys.get(key)
+        if not isinstance(value, str):
+            continue
+        prefix, _, name = value.rpartition(":") if key == "dataset" else ("", "", value)
+        if name and not Path(name).exists() and (base / name).exists():
+            resolved = str((base / name).resolve())
+            keys[key] = f"{prefix}:{resolved}" if prefix else resolved
 
 
 def build_config(

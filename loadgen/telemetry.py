@@ -25,6 +25,19 @@ ENGINE_GAUGES = {
         "vllm:prefix_cache_queries_total",
     ),
     "prefix_cache_hits": ("servebench:prefix_cache_hits_total", "vllm:prefix_cache_hits_total"),
+    # Speculative decoding's counters (vLLM's names; ours mirror them)
+    "spec_drafts": (
+        "servebench:spec_decode_num_drafts_total",
+        "vllm:spec_decode_num_drafts_total",
+    ),
+    "spec_draft_tokens": (
+        "servebench:spec_decode_num_draft_tokens_total",
+        "vllm:spec_decode_num_draft_tokens_total",
+    ),
+    "spec_accepted_tokens": (
+        "servebench:spec_decode_num_accepted_tokens_total",
+        "vllm:spec_decode_num_accepted_tokens_total",
+    ),
     "rss_bytes": ("process_resident_memory_bytes",),  # any Prometheus client exports it
 }
 
@@ -188,6 +201,14 @@ class Telemetry:
             q, h = col("engine_prefix_cache_queries"), col("engine_prefix_cache_hits")
             asked = q[-1] - q[0]  # over the run (the counters are the server's lifetime's)
             out["prefix_cache_hit_rate"] = (h[-1] - h[0]) / asked if asked else None
+        spec = ("engine_spec_drafts", "engine_spec_draft_tokens", "engine_spec_accepted_tokens")
+        if set(spec) <= names:
+            drafts, tokens, accepted = (col(c)[-1] - col(c)[0] for c in spec)
+            if drafts > 0:  # over the run; vLLM's definitions of rate and length
+                out["spec_drafts"], out["spec_draft_tokens"] = drafts, tokens
+                out["spec_accepted_tokens"] = accepted
+                out["spec_acceptance_rate"] = accepted / tokens if tokens else None
+                out["spec_mean_acceptance_length"] = 1 + accepted / drafts
         return out
 
     def write_csv(self, path: Path, t0: float) -> None:

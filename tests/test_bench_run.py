@@ -305,3 +305,27 @@ def test_n_asks_every_prompt_for_n_completions(tmp_path: Path, target: str) -> N
     assert summary["completed"] == 3 and summary["total_output_tokens"] == 3 * 3 * 6
     assert all(r["n"] == 3 and r["output_tokens"] == 18 for r in records)
     assert summary["config"]["run"]["n"] == 3
+
+
+@pytest.mark.parametrize("target", ["in-process", "HTTP"])
+def test_speculative_decoding_shows_its_acceptance_in_the_summary(
+    tmp_path: Path, target: str
+) -> None:
+    """--speculative-config reaches the engine through each door; the summary gives the
+    run's acceptance (from the server's /metrics, or the in-process engine's counters) and
+    says that multi-token chunks came from speculation."""
+    flags = {"in_process": True} if target == "in-process" else {}
+    spec = '{"method": "draft_layers", "num_speculative_tokens": 3, "num_draft_layers": 1}'
+    rc, printed, run = bench_run(
+        tmp_path, output_len="24", warmup=0, speculative_config=spec, **flags
+    )
+    assert rc == 0, printed
+    summary = json.loads((run / "summary.json").read_text())
+    t = summary["telemetry"]
+    assert t["spec_drafts"] > 0 and 0 < t["spec_accepted_tokens"] <= t["spec_draft_tokens"]
+    assert t["spec_acceptance_rate"] == t["spec_accepted_tokens"] / t["spec_draft_tokens"]
+    assert summary["total_output_tokens"] == 12 * 24  # speculation changes no count
+    assert "Spec decode acceptance rate" in printed
+    assert summary["config"]["engine"]["speculative_config"]["num_speculative_tokens"] == 3
+    warning = next(w for w in summary["warnings"] if w.startswith("some chunks carried"))
+    assert "speculative decoding" in warning

@@ -650,3 +650,49 @@ def test_the_openai_client_gets_n_choices_priority_and_cached_tokens(
     assert again.usage.prompt_tokens_details.cached_tokens == (
         (again.usage.prompt_tokens - 1) // 16 * 16
     )
+
+
+# ---- speculative decoding (tiny random model) ----------------------------------------------
+
+
+def test_speculative_decoding_streams_the_same_text_and_exports_its_counters(
+    tmp_path: Path,
+) -> None:
+    """--speculative-config as vLLM takes it: the streamed greedy text equals the offline
+    engine's without speculation, accepted drafts share their step's chunk, and /metrics
+    carries vLLM's spec-decode counters (per position too) and the config label."""
+    model = "tiny-smollm2"  # random weights behind SmolLM2's tokenizer: text to stream
+    spec = '{"method": "draft_layers", "num_speculative_tokens": 3, "num_draft_layers": 1}'
+    prompt = [(7 * k) % 300 + 300 for k in range(40)]
+    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    want = LLM(model).generate([prompt], params)[0].outputs[0]
+    with bench_serve(tmp_path, "--model", model, "--speculative-config", spec) as server:
+        server.wait_healthy()
+        body = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "stream": True,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        reply = http_request(server, "POST", C, body)
+        m = metrics(server)
+        config = http_request(server, "GET", "/v1/engine/config").json()
+    assert reply.status == 200
+    events = [json.loads(line[6:]) for line in reply.body.decode().splitlines()
+              if line.startswith("data: {")]  # fmt: skip
+    texts = [c["text"] for e in events for c in e["choices"] if c["text"]]
+    assert "".join(texts) == want.text
+    assert events[-1]["usage"]["completion_tokens"] == 40
+    drafts = m["servebench:spec_decode_num_drafts_total"]
+    accepted = m["servebench:spec_decode_num_accepted_tokens_total"]
+    assert 0 < accepted <= m["servebench:spec_decode_num_draft_tokens_total"] <= 3 * drafts
+    per_pos = [m[f'servebench:spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}']
+               for i in range(3)]  # fmt: skip
+    assert sum(per_pos) == accepted
+    assert len(texts) < 40  # a step's accepted drafts arrive in one chunk
+    assert config["engine"]["speculative_config"]["method"] == "draft_layers"
+    label = next(k for k in m if k.startswith("servebench:config{"))
+    assert "draft_layers" in label
+
+
+def test_a_bad_speculative_config_stops_the_server_with_a_clear_error(tmp_path: Path) -> None:
+    with bench_serve(tmp_path, "--model", TINY, "--speculative-config", '{"method": "x"}') as s:
+        code = s.proc.wait(timeout=120)
+        assert code != 0
+        assert "method must be one of ngram, draft_layers" in s.log_tail()

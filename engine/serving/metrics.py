@@ -36,7 +36,7 @@ class Histogram:
 
 
 def render_page(
-    values: dict[str, tuple[str, float, str]],
+    values: dict[str, tuple[str, float | dict[str, float], str]],
     histograms: dict[str, tuple[Histogram, str]],
     labels: dict[str, Any],
 ) -> str:
@@ -83,9 +83,13 @@ def process_metrics() -> list[str]:
     return lines
 
 
-def sample(name: str, kind: str, value: float, help_: str) -> list[str]:
-    """One gauge or counter: its HELP and TYPE lines and its value."""
-    return [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+def sample(name: str, kind: str, value: float | dict[str, float], help_: str) -> list[str]:
+    """One gauge or counter: its HELP and TYPE lines and its value, or its values by label
+    set (`{'position="0"': 3}`)."""
+    lines = [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+    if isinstance(value, dict):
+        return lines + [f"{name}{{{labels}}} {v}" for labels, v in value.items()]
+    return [*lines, f"{name} {value}"]
 
 
 def label_value(value: Any) -> str:

@@ -272,6 +272,7 @@ async def models(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
     s = engine.stats
+    per_pos = s["spec_decode_num_accepted_tokens_per_pos"]
     gauges = {
         "num_requests_running": ("gauge", s["num_running"], "requests in the running batch"),
         "num_requests_waiting": ("gauge", s["num_waiting"], "requests queued, not running"),
@@ -293,6 +294,28 @@ async def metrics(request: web.Request) -> web.Response:
             "prompt tokens found in the prefix cache",
         ),
         "kv_blocks_cached": ("gauge", s["kv_blocks_cached"], "KV blocks findable by hash"),
+        # vLLM's spec-decode counters: verified drafts (a request's proposals in one step),
+        # draft tokens, accepted ones, and accepted ones by draft position.
+        "spec_decode_num_drafts_total": (
+            "counter",
+            s["spec_decode_num_drafts"],
+            "speculative drafts verified",
+        ),
+        "spec_decode_num_draft_tokens_total": (
+            "counter",
+            s["spec_decode_num_draft_tokens"],
+            "draft tokens verified",
+        ),
+        "spec_decode_num_accepted_tokens_total": (
+            "counter",
+            s["spec_decode_num_accepted_tokens"],
+            "draft tokens accepted",
+        ),
+        "spec_decode_num_accepted_tokens_per_pos_total": (
+            "counter",
+            {f'position="{i}"': n for i, n in enumerate(per_pos)},
+            "draft tokens accepted, by position in the draft",
+        ),
         "requests_total": ("counter", state.requests_total, "requests accepted"),
         "requests_rejected_total": (
             "counter",
@@ -330,6 +353,7 @@ def build_app(
         "kv_cache_dtype": cfg.cache.kv_cache_dtype,
         "kv_reservation": cfg.cache.kv_reservation,
         "quantization": cfg.quantization or "none",
+        "speculative_config": json.dumps(cfg.to_dict()["speculative_config"]),
     }
     if engine.engine.tokenizer is not None:
         _ = engine.engine.tokenizer.max_token_chars  # computed once now, not on the event loop
