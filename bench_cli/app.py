@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import typer
@@ -106,6 +108,16 @@ def engine_line(engine: Any) -> str:
     )
 
 
+@contextlib.contextmanager
+def engine_errors(command: str) -> Iterator[None]:
+    """A setting the engine refuses is one red line and exit code 2, not a traceback."""
+    try:
+        yield
+    except (ValueError, TypeError) as e:
+        console.print(f"[red]bench {command}: {escape(str(e))}[/red]")
+        raise typer.Exit(2) from None
+
+
 def engine_args(options: dict[str, Any]) -> dict[str, Any]:
     from engine.config import engine_arg_names
 
@@ -148,7 +160,8 @@ def generate(
     from engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model, **engine_args(locals()))
+    with engine_errors("generate"):
+        llm = LLM(model, **engine_args(locals()))
     load_s = time.perf_counter() - t0
     texts: list[str] | list[list[int]] = prompts or DEFAULT_PROMPTS
     tokenizer = llm.get_tokenizer()
@@ -258,7 +271,8 @@ def serve(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
+    with engine_errors("serve"):
+        engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
     engine.log_steps(step_log)
     app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue)
     console.print(f"serving {model} on http://{host}:{port}/v1 · {engine_line(engine)}")
