@@ -148,6 +148,8 @@ class EngineConfig:
     # CUDA graphs of decode-only steps, one per batch-size bucket (engine/cuda_graphs.py):
     # CUDA and the triton backend only; off until measured on a GPU (benchmarks/gpu_check.sh).
     cuda_graphs: bool = False
+    # Tensor parallelism (engine/distributed): the weights split over this many processes.
+    tensor_parallel_size: int = 1
     # Speculative decoding (engine/spec_decode): None is off.
     speculative_config: SpeculativeConfig | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -208,6 +210,9 @@ class EngineConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if c.num_kv_blocks is not None and c.num_kv_blocks < 1:
             raise ValueError("num_kv_blocks must be >= 1")
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size must be an integer >= 1, got {tp!r}")
         if s.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0")
 

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, TextIO
@@ -19,6 +20,9 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.cuda_graphs import DecodeGraphs
+from engine.distributed.group import TPGroup
+from engine.distributed.sharding import Shard, shard_model
+from engine.distributed.workers import TPWorkers
 from engine.model.cost import step_cost
 from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
@@ -43,6 +47,8 @@ class ModelKey(NamedTuple):
     seed: int
     quantization: str | None
     pack: bool  # oneDNN-prepacked CPU linears
+    tp_rank: int = 0  # tensor parallelism: this rank's shard of the weights
+    tp_size: int = 1
 
 
 @functools.lru_cache(maxsize=2)
@@ -50,6 +56,8 @@ def _load_shared(key: ModelKey) -> LoadedModel:
     """Weights are read-only to the engine, so engines in one process share them: a benchmark
     or test that compares settings loads the model once."""
     loaded = load_model(key.model, key.dtype, key.device, key.seed)
+    if key.tp_size > 1:  # before quantizing and packing: they work on the shard
+        shard_model(loaded.model, Shard.plan(loaded.config, key.tp_rank, key.tp_size))
     if key.quantization == "fp8":
         loaded.model.quantize_fp8()
     if key.pack:  # fp8 is asked for to save memory: no packed copy of a tied LM head then
@@ -59,6 +67,8 @@ def _load_shared(key: ModelKey) -> LoadedModel:
 
 @functools.lru_cache(maxsize=4)
 def _kv_scales(key: ModelKey) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Calibrated on the whole model (tensor-parallel ranks take their heads' scales)."""
+    key = key._replace(tp_rank=0, tp_size=1)
     loaded = _load_shared(key)
     ids = calibration_token_ids(loaded.tokenizer, loaded.config.vocab_size)
     return calibrate_kv_scales(loaded.model, loaded.config, ids, block_size=16)
@@ -113,6 +123,77 @@ def resolve_attention_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def check_tensor_parallel(config: EngineConfig, device: torch.device) -> None:
+    """Refuse what tensor parallelism does not support, before any worker starts."""
+    n = config.tensor_parallel_size
+    if config.cuda_graphs:
+        raise ValueError("cuda_graphs with tensor_parallel_size > 1 is not supported")
+    if device.type == "cuda" and torch.cuda.device_count() < n:
+        raise ValueError(
+            f"tensor_parallel_size={n} needs {n} GPUs; {torch.cuda.device_count()} visible"
+        )
+
+
+def make_runner(
+    config: EngineConfig,
+    device: torch.device,
+    loaded: LoadedModel,
+    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None,
+    tp: TPGroup | None = None,
+) -> ModelRunner:
+    """The runner of a resolved config over a loaded model; under tensor parallelism, of
+    this rank's shard (its KV heads and their fp8 scales; the all-reduces attached)."""
+    cfg = loaded.config
+    if tp is not None:
+        shard = Shard.plan(cfg, tp.rank, tp.size)
+        cfg = shard.local_config(cfg)
+        heads = slice(shard.kv_heads.start, shard.kv_heads.stop)
+        if kv_scales is not None:
+            kv_scales = [(k[heads], v[heads]) for k, v in kv_scales]
+        loaded.model.tp = tp
+        for layer in loaded.model.layers:
+            layer.self_attn.reduce = layer.mlp.reduce = tp.all_reduce
+    assert config.cache.num_kv_blocks is not None, "resolve the config first"
+    return ModelRunner(
+        loaded.model,
+        cfg,
+        config.cache.num_kv_blocks,
+        config.cache.block_size,
+        config.seed,
+        DTYPES[config.cache.kv_cache_dtype],
+        kv_scales,
+        compile_decode=not config.enforce_eager,
+        attention_backend=config.attention_backend,
+        tp=tp,
+    )
+
+
+def build_tp_rank(
+    config: EngineConfig,
+    device: torch.device,
+    tp: TPGroup,
+    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None,
+) -> ModelRunner:
+    """A tensor-parallel worker's runner (engine/distributed/worker.py), from the driver's
+    resolved config."""
+    dtype = DTYPES[config.dtype]
+    torch.manual_seed(config.seed)
+    key = ModelKey(
+        config.model,
+        dtype,
+        device,
+        config.seed,
+        config.quantization,
+        onednn_packing_enabled(dtype, device),
+        tp.rank,
+        tp.size,
+    )
+    loaded = _load_shared(key)
+    assert config.max_model_len is not None
+    loaded.model.prepare(config.max_model_len)
+    return make_runner(config, device, loaded, kv_scales, tp)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -121,6 +202,9 @@ class LLMEngine:
         config.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
         dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
+        tp_size = config.tensor_parallel_size
+        if tp_size > 1:
+            check_tensor_parallel(config, self.device)
         model_key = ModelKey(
             config.model,
             dtype,
@@ -128,6 +212,8 @@ class LLMEngine:
             config.seed,
             config.quantization,
             onednn_packing_enabled(dtype, self.device),
+            0,
+            tp_size,
         )
         loaded = _load_shared(model_key)
         cache = config.cache
@@ -153,17 +239,15 @@ class LLMEngine:
             reserve_tokens=self.max_model_len if cache.kv_reservation == "max_len" else 0,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
-        self.runner = ModelRunner(
-            loaded.model,
-            loaded.config,
-            self.kv.num_blocks,
-            cache.block_size,
-            config.seed,
-            kv_dtype,
-            _kv_scales(model_key) if kv_dtype == FP8 else None,
-            compile_decode=not config.enforce_eager,
-            attention_backend=config.attention_backend,
-        )
+        kv_scales = _kv_scales(model_key) if kv_dtype == FP8 else None
+        self.workers: TPWorkers | None = None
+        if tp_size > 1:  # ranks 1.. in processes of their own; this one is rank 0
+            self.workers = TPWorkers(config, kv_scales, tp_size, self.device)
+            weakref.finalize(self, self.workers.stop)
+        tp = self.workers.group if self.workers else None
+        self.runner = make_runner(config, self.device, loaded, kv_scales, tp)
+        if self.workers is not None:
+            self.workers.wait_ready()
         if config.cuda_graphs:
             if self.device.type != "cuda" or config.attention_backend != "triton":
                 raise ValueError(
@@ -400,6 +484,10 @@ class LLMEngine:
                 self.on_queue_time(r.metrics.first_scheduled_time - r.metrics.arrival_time)
         if out.is_empty:
             return []
+        if self.workers is not None:
+            self.workers.check_alive()
+        tp = self.runner.tp
+        reduce_s0 = tp.allreduce_s if tp is not None else 0.0
         t0 = time.perf_counter()
         if self._step_log is not None:  # before advance(): what each request is doing now
             decode = sum(n for r, n in out.scheduled if r.num_computed_tokens == r.num_tokens - 1)
@@ -466,6 +554,8 @@ class LLMEngine:
                 # Speculative decoding: draft tokens verified, and of those accepted.
                 "draft_tokens": sum(out.num_spec.values()),
                 "accepted_tokens": sum(out.num_spec.values()) - sum((rejected or {}).values()),
+                # Tensor parallelism: rank 0's time in all-reduces during the step.
+                "allreduce_s": tp.allreduce_s - reduce_s0 if tp is not None else 0.0,
                 # Model FLOPs and bytes moved (engine/model/cost.py): utilization per step.
                 **self._step_cost(chunks, logit_rows),
             }
@@ -588,10 +678,7 @@ class LLMEngine:
         if not self.kv.allocate_slots(rid, n):
             raise RuntimeError(f"{n} tokens need more free KV blocks than the engine has")
         try:
-            hidden = self.runner.prefill(token_ids, self.kv.block_tables[rid], chunk)
-            return torch.cat(
-                [self.runner.model.compute_logits(h).float() for h in hidden.split(512)]
-            )
+            return self.runner.prompt_logits(token_ids, self.kv.block_tables[rid], chunk)
         finally:
             self.kv.free(rid)
 
@@ -632,7 +719,16 @@ class LLMEngine:
             "prompt_tokens_total": self._counters["prompt_tokens"],
             "generation_tokens_total": self._counters["generation_tokens"],
             **self.spec_stats(),
+            "tensor_parallel_size": self.config.tensor_parallel_size,
+            "tp_allreduce_seconds_total": self.runner.tp.allreduce_s if self.runner.tp else 0.0,
+            "tp_allreduces_total": self.runner.tp.num_allreduces if self.runner.tp else 0,
         }
+
+    def shutdown(self) -> None:
+        """Stop tensor-parallel workers (also done when the engine is collected or the
+        process exits); nothing to do for one rank."""
+        if self.workers is not None:
+            self.workers.stop()
 
     def spec_stats(self) -> dict[str, Any]:
         """Speculative decoding's counters (zeros when off): acceptance rate = accepted / draft

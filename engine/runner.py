@@ -3,6 +3,8 @@ samples the next token of every request whose prompt (or recompute) is fully com
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -10,6 +12,8 @@ from engine.config import ModelConfig
 from engine.core.request import Request, SamplingParams
 from engine.core.scheduler import SchedulerOutput
 from engine.cuda_graphs import DecodeGraphs
+from engine.distributed.group import TPGroup
+from engine.distributed.sharding import vocab_sizes
 from engine.model import compiled_forward, triton_forward
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
@@ -17,6 +21,18 @@ from engine.ops.attention import token_positions
 from engine.ops.fp8 import FP8
 from engine.sampler import sample
 from engine.spec_decode.rejection import verify
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """What a step computes, as plain lists (what a tensor-parallel driver sends its
+    workers): q_lens[i] tokens of sequence i from position starts[i], its KV in blocks
+    tables[i]; `tokens` concatenated."""
+
+    tokens: list[int]
+    starts: list[int]
+    q_lens: list[int]
+    tables: list[list[int]]
 
 
 class ModelRunner:
@@ -31,6 +47,7 @@ class ModelRunner:
         kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
         compile_decode: bool = False,
         attention_backend: str = "torch",
+        tp: TPGroup | None = None,
     ) -> None:
         """kv_dtype: the cache's storage dtype (default: the model's); fp8 needs `kv_scales`,
         one (k_scale, v_scale) pair per layer (see engine/model/kv_scales.py). compile_decode: use
@@ -59,7 +76,11 @@ class ModelRunner:
             )
         self.generator = torch.Generator().manual_seed(seed)
         self.triton = attention_backend == "triton"
-        compile_decode = compile_decode and not self.triton
+        # Tensor parallelism: this rank's group (the model is this rank's shard); the eager
+        # forward only (the compiled graphs have no collectives).
+        self.tp = tp
+        self.vocab_size = model_config.vocab_size
+        compile_decode = compile_decode and not self.triton and tp is None
         self.fused_decode = (
             compile_decode
             and self.device.type == "cpu"
@@ -87,8 +108,6 @@ class ModelRunner:
         or with speculative decoding the accepted drafts and one of the target's."""
         # Decodes (single-token queries) first: attention batches them without padding.
         items = sorted(out.scheduled, key=lambda item: item[1] != 1)
-        input_ids, positions, meta = self.prepare_inputs(items, block_tables)
-        hidden = self.run(input_ids, positions, meta)
         ends = np.cumsum([n for _, n in items]) - 1
         rows: list[int] = []  # hidden-state rows to sample or verify from
         spec_rows: list[bool] = []
@@ -103,9 +122,9 @@ class ModelRunner:
                     spec.append((r, r.spec_token_ids))
                 else:
                     plain.append(r)
-        if not rows:
+        logits = self.logits(self.step_inputs(items, block_tables), rows)
+        if logits is None:
             return []
-        logits = self.model.compute_logits(hidden[torch.as_tensor(rows, device=self.device)])
         if not spec:
             return [(r, [t]) for r, t in zip(plain, self.sample(logits, plain), strict=True)]
         is_spec = torch.tensor(spec_rows, device=self.device)
@@ -115,6 +134,34 @@ class ModelRunner:
             results += [(r, [t]) for r, t in zip(plain, tokens, strict=True)]
         verified = verify(logits[is_spec], spec, self.generator)
         return results + [(r, t) for (r, _), t in zip(spec, verified, strict=True)]
+
+    def logits(
+        self, step: StepInputs, rows: list[int], num_layers: int | None = None, eager: bool = False
+    ) -> torch.Tensor | None:
+        """Run a step and the LM head on the hidden-state `rows` ([rows, vocab]; None for no
+        rows); `num_layers`: the first ones only (a draft); `eager`: the backend's eager
+        forward. Under tensor parallelism the driver first sends the step to the workers,
+        every rank computes its share, and the driver gets the gathered logits."""
+        if self.tp is not None and self.tp.rank == 0:
+            self.tp.broadcast(("step", step, rows, num_layers, eager))
+        input_ids, positions, meta = self.build_inputs(step)
+        if eager:
+            hidden = self.forward(input_ids, positions, meta, num_layers)
+        else:
+            hidden = self.run(input_ids, positions, meta, num_layers)
+        if not rows:
+            return None
+        local = self.model.compute_logits(hidden[torch.as_tensor(rows, device=self.device)])
+        if self.tp is None:
+            return local
+        return self.tp.gather_logits(local, vocab_sizes(self.vocab_size, self.tp.size))
+
+    @torch.inference_mode()
+    def serve_worker(self) -> None:
+        """A tensor-parallel worker's loop: compute the driver's steps until told to stop."""
+        assert self.tp is not None and self.tp.rank > 0
+        while (message := self.tp.broadcast())[0] != "stop":
+            self.logits(*message[1:])
 
     def run(
         self,
@@ -162,6 +209,22 @@ class ModelRunner:
             req.num_computed_tokens += n
         return torch.cat(hidden)
 
+    @torch.inference_mode()
+    def prompt_logits(
+        self, token_ids: list[int], block_table: list[int], chunk_size: int
+    ) -> torch.Tensor:
+        """Float32 logits [n, vocab] after every token of one sequence, computed through the
+        paged cache `chunk_size` tokens at a time by the eager forward, as `prefill`."""
+        out, start = [], 0
+        while start < len(token_ids):
+            n = min(chunk_size, len(token_ids) - start)
+            step = StepInputs(token_ids[start : start + n], [start], [n], [block_table])
+            logits = self.logits(step, list(range(n)), eager=True)
+            assert logits is not None
+            out.append(logits.float())
+            start += n
+        return torch.cat(out)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -186,34 +249,41 @@ class ModelRunner:
         tables = {"warm-decode": [3, 1], "warm-chunk": [0, 2]}
         return self.prepare_inputs([(decode, 1), (chunk, 6)], tables)
 
-    def prepare_inputs(
+    def step_inputs(
         self, items: list[tuple[Request, int]], block_tables: dict[str, list[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Inputs of a step computing n tokens of each request from its first uncomputed
-        one (draft tokens follow a request's own)."""
+    ) -> StepInputs:
+        """A step computing n tokens of each request from its first uncomputed one (draft
+        tokens follow a request's own)."""
         tokens: list[int] = []
         for r, n in items:
             seq = r.token_ids + r.spec_token_ids if r.spec_token_ids else r.token_ids
             tokens += seq[r.num_computed_tokens : r.num_computed_tokens + n]
-        starts = [r.num_computed_tokens for r, _ in items]
-        tables = [block_tables[r.request_id] for r, _ in items]
-        return self.build_inputs(tokens, starts, [n for _, n in items], tables)
+        return StepInputs(
+            tokens,
+            [r.num_computed_tokens for r, _ in items],
+            [n for _, n in items],
+            [block_tables[r.request_id] for r, _ in items],
+        )
+
+    def prepare_inputs(
+        self, items: list[tuple[Request, int]], block_tables: dict[str, list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        return self.build_inputs(self.step_inputs(items, block_tables))
 
     def build_inputs(
-        self, tokens: list[int], starts: list[int], q_lens: list[int], tables: list[list[int]]
+        self, step: StepInputs
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Inputs of a step computing q_lens[i] tokens of sequence i from position starts[i],
-        its KV in blocks tables[i]; `tokens` concatenated."""
+        """Token ids, positions and attention metadata of a step, on the device."""
         bs = self.block_size
-        start = np.array(starts, dtype=np.int64)
-        q_len = np.array(q_lens, dtype=np.int64)
+        start = np.array(step.starts, dtype=np.int64)
+        q_len = np.array(step.q_lens, dtype=np.int64)
         max_blocks = int(-(-(start + q_len).max() // bs))
-        table = np.zeros((len(starts), max_blocks), dtype=np.int64)
-        for i, row in enumerate(tables):
+        table = np.zeros((len(step.starts), max_blocks), dtype=np.int64)
+        for i, row in enumerate(step.tables):
             row = row[:max_blocks]
             table[i, : len(row)] = row
         dev = self.device
         pos = token_positions(start, q_len)
         meta = AttentionMetadata.build(start, q_len, table, bs, dev, self.fused_decode, pos)
-        input_ids = torch.tensor(tokens, dtype=torch.int64, device=dev)
+        input_ids = torch.tensor(step.tokens, dtype=torch.int64, device=dev)
         return input_ids, torch.from_numpy(pos).to(dev), meta

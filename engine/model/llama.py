@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from engine.config import ModelConfig
+from engine.distributed.group import TPGroup
 from engine.ops import (
     AttentionMetadata,
     KVCache,
@@ -36,6 +37,11 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.weight, self.eps)
+
+
+def no_reduce(x: torch.Tensor) -> torch.Tensor:
+    """A row-parallel linear's all-reduce without tensor parallelism (see engine/distributed)."""
+    return x
 
 
 class PagedAttention(nn.Module):
@@ -71,6 +77,7 @@ class LlamaAttention(nn.Module):
         self.attn = PagedAttention(cfg.head_dim**-0.5)
         self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.reduce = no_reduce  # after o_proj: the sum over ranks under tensor parallelism
 
     def project(
         self, x: torch.Tensor, cos_sin: torch.Tensor
@@ -88,9 +95,10 @@ class LlamaMLP(nn.Module):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.reduce = no_reduce  # after down_proj, as the attention's
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.reduce(self.down_proj(silu_and_mul(self.gate_up_proj(x))))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -112,7 +120,8 @@ class LlamaDecoderLayer(nn.Module):
 
     def attention_output(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
         """x: the layer's input [T, hidden]; o: attention's output [T, heads, head_dim]."""
-        x = x + self.self_attn.o_proj(o.reshape(x.shape[0], self.self_attn.q_size))
+        attn = self.self_attn
+        x = x + attn.reduce(attn.o_proj(o.reshape(x.shape[0], attn.q_size)))
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def forward(
@@ -153,6 +162,10 @@ class LlamaForCausalLM(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.cos_sin: torch.Tensor | None = None  # built by `prepare`, once dtype/device are final
+        # Tensor parallelism (engine/distributed): this rank's first vocabulary row, and the
+        # group whose ranks hold the other rows (the embedding lookup sums over them).
+        self.vocab_start = 0
+        self.tp: TPGroup | None = None
 
     def prepare(self, max_positions: int) -> None:
         if self.cos_sin is not None and self.cos_sin.shape[0] >= max_positions:
@@ -168,6 +181,9 @@ class LlamaForCausalLM(nn.Module):
         """The first layer's input [T, hidden] and the rotary rows of the positions [T, 2,
         head_dim]: what every forward (eager, compiled, Triton) starts from."""
         assert self.cos_sin is not None, "call prepare() first"
+        if self.tp is not None:
+            x = self.tp.embed(self.embed_tokens.weight, input_ids, self.vocab_start)
+            return x, self.cos_sin[positions]
         return self.embed_tokens(input_ids), self.cos_sin[positions]
 
     def forward(

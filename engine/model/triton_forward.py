@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM
-from engine.ops import AttentionMetadata, KVCache, silu_and_mul
+from engine.ops import AttentionMetadata, KVCache
 
 
 def _layer(
@@ -38,10 +38,10 @@ def _layer(
     v = v.view(t, attn.num_kv_heads, attn.head_dim)
     kernels.write_kv_cache(k, v, cache, meta.slot_mapping)
     o = kernels.paged_attention(q, cache, meta, attn.attn.scale)
-    x = attn.o_proj(o.view(t, attn.q_size))
+    x = attn.reduce(attn.o_proj(o.view(t, attn.q_size)))
     norm = layer.post_attention_layernorm
     h, residual = kernels.add_rms_norm(x, residual, norm.weight, norm.eps)
-    return layer.mlp.down_proj(silu_and_mul(layer.mlp.gate_up_proj(h))), residual
+    return layer.mlp(h), residual
 
 
 def forward(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from engine.core.request import Request
-from engine.runner import ModelRunner
+from engine.runner import ModelRunner, StepInputs
 
 
 class DraftLayersProposer:
@@ -37,10 +37,9 @@ class DraftLayersProposer:
             tokens = [(req.spec_token_ids or req.token_ids)[-1] for req in active]
             starts = [req.num_tokens - 1 + j for req in active]
             tables = [self.block_tables[req.request_id] for req in active]
-            input_ids, positions, meta = runner.build_inputs(
-                tokens, starts, [1] * len(active), tables
-            )
-            hidden = runner.run(input_ids, positions, meta, self.num_layers)
-            drafts = runner.model.compute_logits(hidden).argmax(dim=-1).tolist()
+            step = StepInputs(tokens, starts, [1] * len(active), tables)
+            logits = runner.logits(step, list(range(len(active))), self.num_layers)
+            assert logits is not None
+            drafts = logits.argmax(dim=-1).tolist()
             for req, token in zip(active, drafts, strict=True):
                 req.spec_token_ids.append(token)
