@@ -65,6 +65,9 @@ CudaGraphs = Annotated[
     bool,
     typer.Option(help="CUDA graphs of decode steps (CUDA, --attention-backend triton; unmeasured)"),
 ]
+TensorParallel = Annotated[
+    int, typer.Option(help="processes the weights are split over (gloo on CPU, NCCL on CUDA)")
+]
 SpeculativeConfigOpt = Annotated[
     str | None,
     typer.Option(
@@ -99,12 +102,15 @@ def engine_line(engine: Any) -> str:
         speculation = (
             f" · speculative {spec.method} ({detail}), {spec.num_speculative_tokens} tokens"
         )
+    parallel = ""
+    if c.tensor_parallel_size > 1:
+        parallel = f" · tensor parallel {c.tensor_parallel_size} (weights: rank 0's shard)"
     return (
         f"weights {engine.weight_bytes / 2**20:.0f} MiB ({held}; "
         f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
         f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
         f"({c.cache.kv_cache_dtype}) · {c.attention_backend} kernels, decode attention "
-        f"{engine.decode_attention}, forward {engine.model_forward}{speculation}"
+        f"{engine.decode_attention}, forward {engine.model_forward}{speculation}{parallel}"
     )
 
 
@@ -155,6 +161,7 @@ def generate(
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
     speculative_config: SpeculativeConfigOpt = None,
+    tensor_parallel_size: TensorParallel = 1,
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -257,6 +264,7 @@ def serve(
     scheduling_policy: SchedulingPolicy = "fcfs",
     kv_reservation: KVReservation = "paged",
     speculative_config: SpeculativeConfigOpt = None,
+    tensor_parallel_size: TensorParallel = 1,
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -417,6 +425,9 @@ def run(
     speculative_config: Annotated[
         str | None,
         Opt(help='engine: speculative decoding, JSON (e.g. \'{"method": "ngram"}\', see serve)'),
+    ] = None,
+    tensor_parallel_size: Annotated[
+        int | None, Opt(help="engine: processes the weights are split over")
     ] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible

@@ -329,3 +329,19 @@ def test_speculative_decoding_shows_its_acceptance_in_the_summary(
     assert summary["config"]["engine"]["speculative_config"]["num_speculative_tokens"] == 3
     warning = next(w for w in summary["warnings"] if w.startswith("some chunks carried"))
     assert "speculative decoding" in warning
+
+
+def test_tensor_parallel_serving_reports_its_config_and_stops_its_workers(tmp_path: Path) -> None:
+    """--tensor-parallel-size 2 through bench run: a server with a worker process, the
+    run's config and /metrics say so, and the workers end with the server."""
+    rc, printed, run = bench_run(tmp_path, tensor_parallel_size=2, num_requests=6, warmup=0)
+    assert rc == 0, printed
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] == 6 and summary["total_output_tokens"] == 36
+    assert summary["config"]["engine"]["tensor_parallel_size"] == 2
+    log = (run / "server.log").read_text()
+    assert "tensor parallel 2" in log
+    workers = subprocess.run(
+        ["pgrep", "-f", "engine.distributed.worker"], capture_output=True, text=True
+    ).stdout.split()
+    assert not workers  # stopped with the server

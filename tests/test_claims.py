@@ -124,12 +124,12 @@ def claims(tmp_path: Path, *args: str | None, **kw: str | None) -> tuple[int, st
 
 def test_claims_about_engine_settings_are_not_measured_against_a_server(tmp_path: Path) -> None:
     out = tmp_path / "claims"
-    code, printed = claims(tmp_path, only="1,7c", base_url="http://127.0.0.1:9", out=str(out))
+    code, printed = claims(tmp_path, only="1,7d", base_url="http://127.0.0.1:9", out=str(out))
     assert code == 0, printed
     record = json.loads((out / "claims.json").read_text())
     assert record["findings"]["1"]["verdict"] == UNMEASURABLE
     assert "engine settings" in record["findings"]["1"]["why"]
-    assert "no speculative decoding" in record["findings"]["7c"]["why"]
+    assert "one device" in record["findings"]["7d"]["why"]
     assert not (out / "1-paging").exists()  # nothing ran
 
 
@@ -198,7 +198,7 @@ def test_resume_keeps_every_finished_claim(quick: tuple[Path, int, str]) -> None
     assert {p: p.stat().st_mtime_ns for p in out.rglob("summary.json")} == stamps
     after = json.loads((out / "claims.json").read_text())
     assert after["findings"] == json.loads(before)["findings"]
-    code, printed = claims(out.parent, resume=str(out), only="7c")  # a subset: the rest stay
+    code, printed = claims(out.parent, resume=str(out), only="7d")  # a subset: the rest stay
     assert code == 0 and "1 PagedAttention" in printed
     after = json.loads((out / "claims.json").read_text())
     assert after["findings"] == json.loads(before)["findings"] and len(after["resumed"]) == 2

@@ -59,6 +59,7 @@ class AsyncLLMEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        self.engine.shutdown()  # tensor-parallel workers, once no step can run
 
     def generate(
         self,

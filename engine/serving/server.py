@@ -316,6 +316,11 @@ async def metrics(request: web.Request) -> web.Response:
             {f'position="{i}"': n for i, n in enumerate(per_pos)},
             "draft tokens accepted, by position in the draft",
         ),
+        "tp_allreduce_seconds_total": (
+            "counter",
+            s["tp_allreduce_seconds_total"],
+            "tensor parallelism: rank 0's time in all-reduces",
+        ),
         "requests_total": ("counter", state.requests_total, "requests accepted"),
         "requests_rejected_total": (
             "counter",
@@ -354,6 +359,7 @@ def build_app(
         "kv_reservation": cfg.cache.kv_reservation,
         "quantization": cfg.quantization or "none",
         "speculative_config": json.dumps(cfg.to_dict()["speculative_config"]),
+        "tensor_parallel_size": cfg.tensor_parallel_size,
     }
     if engine.engine.tokenizer is not None:
         _ = engine.engine.tokenizer.max_token_chars  # computed once now, not on the event loop
