@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import json
 import logging
@@ -11,67 +10,26 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, TextIO
+from typing import Any, TextIO
 
 import torch
 
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
-from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.scheduler import Scheduler
 from engine.cuda_graphs import DecodeGraphs
-from engine.distributed.group import TPGroup
-from engine.distributed.sharding import Shard, shard_model
-from engine.distributed.workers import TPWorkers
+from engine.distributed.workers import TPWorkers, check_tensor_parallel
 from engine.model.cost import step_cost
-from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
-from engine.model.loader import LoadedModel, load_model
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
-from engine.ops.cpu_linear import onednn_packing_enabled
+from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
+from engine.model_store import kv_scales as load_kv_scales
 from engine.ops.fp8 import FP8
-from engine.runner import ModelRunner
-from engine.spec_decode import Proposer, make_proposer
+from engine.spec_decode.speculator import Speculator, speculation_stats
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "fp8": FP8}
 CHILD_SEP = "\x1f"  # parent id + this + index: a child's id (no client writes it)
-
-
-class ModelKey(NamedTuple):
-    """What makes two engines' weights the same: they share one loaded model."""
-
-    model: str
-    dtype: torch.dtype
-    device: torch.device
-    seed: int
-    quantization: str | None
-    pack: bool  # oneDNN-prepacked CPU linears
-    tp_rank: int = 0  # tensor parallelism: this rank's shard of the weights
-    tp_size: int = 1
-
-
-@functools.lru_cache(maxsize=2)
-def _load_shared(key: ModelKey) -> LoadedModel:
-    """Weights are read-only to the engine, so engines in one process share them: a benchmark
-    or test that compares settings loads the model once."""
-    loaded = load_model(key.model, key.dtype, key.device, key.seed)
-    if key.tp_size > 1:  # before quantizing and packing: they work on the shard
-        shard_model(loaded.model, Shard.plan(loaded.config, key.tp_rank, key.tp_size))
-    if key.quantization == "fp8":
-        loaded.model.quantize_fp8()
-    if key.pack:  # fp8 is asked for to save memory: no packed copy of a tied LM head then
-        loaded.model.pack_for_cpu(tied_head=key.quantization != "fp8")
-    return loaded
-
-
-@functools.lru_cache(maxsize=4)
-def _kv_scales(key: ModelKey) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Calibrated on the whole model (tensor-parallel ranks take their heads' scales)."""
-    key = key._replace(tp_rank=0, tp_size=1)
-    loaded = _load_shared(key)
-    ids = calibration_token_ids(loaded.tokenizer, loaded.config.vocab_size)
-    return calibrate_kv_scales(loaded.model, loaded.config, ids, block_size=16)
 
 
 def resolve_device(device: str) -> torch.device:
@@ -123,99 +81,18 @@ def resolve_attention_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def check_tensor_parallel(config: EngineConfig, device: torch.device) -> None:
-    """Refuse what tensor parallelism does not support, before any worker starts."""
-    n = config.tensor_parallel_size
-    if config.cuda_graphs:
-        raise ValueError("cuda_graphs with tensor_parallel_size > 1 is not supported")
-    if device.type == "cuda" and torch.cuda.device_count() < n:
-        raise ValueError(
-            f"tensor_parallel_size={n} needs {n} GPUs; {torch.cuda.device_count()} visible"
-        )
-
-
-def make_runner(
-    config: EngineConfig,
-    device: torch.device,
-    loaded: LoadedModel,
-    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None,
-    tp: TPGroup | None = None,
-) -> ModelRunner:
-    """The runner of a resolved config over a loaded model; under tensor parallelism, of
-    this rank's shard (its KV heads and their fp8 scales; the all-reduces attached)."""
-    cfg = loaded.config
-    if tp is not None:
-        shard = Shard.plan(cfg, tp.rank, tp.size)
-        cfg = shard.local_config(cfg)
-        heads = slice(shard.kv_heads.start, shard.kv_heads.stop)
-        if kv_scales is not None:
-            kv_scales = [(k[heads], v[heads]) for k, v in kv_scales]
-        loaded.model.tp = tp
-        for layer in loaded.model.layers:
-            layer.self_attn.reduce = layer.mlp.reduce = tp.all_reduce
-    assert config.cache.num_kv_blocks is not None, "resolve the config first"
-    return ModelRunner(
-        loaded.model,
-        cfg,
-        config.cache.num_kv_blocks,
-        config.cache.block_size,
-        config.seed,
-        DTYPES[config.cache.kv_cache_dtype],
-        kv_scales,
-        compile_decode=not config.enforce_eager,
-        attention_backend=config.attention_backend,
-        tp=tp,
-    )
-
-
-def build_tp_rank(
-    config: EngineConfig,
-    device: torch.device,
-    tp: TPGroup,
-    kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None,
-) -> ModelRunner:
-    """A tensor-parallel worker's runner (engine/distributed/worker.py), from the driver's
-    resolved config."""
-    dtype = DTYPES[config.dtype]
-    torch.manual_seed(config.seed)
-    key = ModelKey(
-        config.model,
-        dtype,
-        device,
-        config.seed,
-        config.quantization,
-        onednn_packing_enabled(dtype, device),
-        tp.rank,
-        tp.size,
-    )
-    loaded = _load_shared(key)
-    assert config.max_model_len is not None
-    loaded.model.prepare(config.max_model_len)
-    return make_runner(config, device, loaded, kv_scales, tp)
-
-
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
         config.dtype = resolve_dtype(config.dtype, self.device)  # recorded as resolved
         config.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
-        dtype = DTYPES[config.dtype]
         torch.manual_seed(config.seed)
         tp_size = config.tensor_parallel_size
         if tp_size > 1:
             check_tensor_parallel(config, self.device)
-        model_key = ModelKey(
-            config.model,
-            dtype,
-            self.device,
-            config.seed,
-            config.quantization,
-            onednn_packing_enabled(dtype, self.device),
-            0,
-            tp_size,
-        )
-        loaded = _load_shared(model_key)
+        model_key = ModelKey.of(config, self.device)
+        loaded = load_shared(model_key)
         cache = config.cache
         if cache.kv_cache_dtype == "auto":
             cache.kv_cache_dtype = config.dtype  # recorded as resolved
@@ -239,7 +116,7 @@ class LLMEngine:
             reserve_tokens=self.max_model_len if cache.kv_reservation == "max_len" else 0,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
-        kv_scales = _kv_scales(model_key) if kv_dtype == FP8 else None
+        kv_scales = load_kv_scales(model_key) if kv_dtype == FP8 else None
         self.workers: TPWorkers | None = None
         if tp_size > 1:  # ranks 1.. in processes of their own; this one is rank 0
             self.workers = TPWorkers(config, kv_scales, tp_size, self.device)
@@ -258,14 +135,11 @@ class LLMEngine:
             self.runner.graphs = DecodeGraphs(
                 loaded.model, self.runner.kv_caches, config.scheduler.max_num_seqs, max_blocks
             )
-        spec = config.speculative_config
-        self.proposer: Proposer | None = None
-        if spec is not None:
-            self.proposer = make_proposer(spec, self.runner, self.kv.block_tables)
-        # Drafts verified (one per request and step that had any), draft tokens, accepted ones,
-        # and accepted ones by draft position (vLLM's spec_decode counters).
-        self.spec_counts = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0}
-        self.spec_accepted_per_pos = [0] * (spec.num_speculative_tokens if spec else 0)
+        self.speculator: Speculator | None = None
+        if config.speculative_config is not None:
+            self.speculator = Speculator(
+                config.speculative_config, self.runner, self.kv.block_tables, self.max_model_len
+            )
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
         self.eos_token_ids = loaded.config.eos_token_ids or (
@@ -475,10 +349,12 @@ class LLMEngine:
         self._step_log = None if path is None else open(path, "a", buffering=1)  # noqa: SIM115
 
     def step(self) -> list[RequestOutput]:
-        candidates = self._want_drafts() if self.proposer is not None else []
+        spec = self.speculator
+        candidates = spec.want_drafts(self.scheduler.running) if spec is not None else []
         out = self.scheduler.schedule()
         if candidates:
-            self._propose(candidates, out)
+            assert spec is not None
+            spec.propose(candidates, out)
         if self.on_queue_time is not None:
             for r in out.first_scheduled:
                 self.on_queue_time(r.metrics.first_scheduled_time - r.metrics.arrival_time)
@@ -498,7 +374,7 @@ class LLMEngine:
         )
         sampled = self.runner.execute(out, self.kv.block_tables)
         logit_rows = sum(len(r.spec_token_ids) + 1 for r, _ in sampled)
-        rejected = self._count_accepted(sampled) if out.num_spec else None
+        rejected = spec.count(sampled) if spec is not None and out.num_spec else None
         self.scheduler.advance(out, rejected)
         now = time.monotonic()
         outputs: list[RequestOutput] = []
@@ -562,58 +438,6 @@ class LLMEngine:
             self._step_log.write(json.dumps(line) + "\n")
         self._step_outputs = []
         return outputs
-
-    def _want_drafts(self) -> list[Request]:
-        """Before scheduling: how many draft tokens each decoding request wants room for
-        (at most num_speculative_tokens, and never past max_tokens or the context length)."""
-        assert self.proposer is not None and self.config.speculative_config is not None
-        k_max = self.config.speculative_config.num_speculative_tokens
-        candidates = []
-        for req in self.scheduler.running:
-            req.spec_token_ids = []
-            if req.num_computed_tokens != req.num_tokens - 1 or not req.num_output_tokens:
-                continue  # a prefill (or a recompute after preemption)
-            k = min(
-                k_max,
-                req.params.max_tokens - req.num_output_tokens - 1,
-                self.max_model_len - req.num_tokens - 1,
-            )
-            if k > 0 and (wanted := self.proposer.num_wanted(req, k)) > 0:
-                req.num_spec_wanted = wanted
-                candidates.append(req)
-        return candidates
-
-    def _propose(self, candidates: list[Request], out: SchedulerOutput) -> None:
-        """After scheduling: drafts for the requests granted room for some."""
-        assert self.proposer is not None
-        batch = []
-        for req in candidates:
-            req.num_spec_wanted = 0
-            granted = out.num_spec.get(req.request_id, 0)
-            if granted:
-                batch.append((req, granted))
-            else:
-                req.spec_token_ids = []
-        if batch:
-            self.proposer.propose(batch)
-            for req, granted in batch:
-                assert len(req.spec_token_ids) == granted, "a proposer broke its contract"
-
-    def _count_accepted(self, sampled: list[tuple[Request, list[int]]]) -> dict[str, int]:
-        """The spec-decode counters; returns each verified request's rejected draft count."""
-        rejected = {}
-        for req, tokens in sampled:
-            drafts = len(req.spec_token_ids)
-            if not drafts:
-                continue
-            accepted = len(tokens) - 1
-            rejected[req.request_id] = drafts - accepted
-            self.spec_counts["drafts"] += 1
-            self.spec_counts["draft_tokens"] += drafts
-            self.spec_counts["accepted_tokens"] += accepted
-            for i in range(accepted):
-                self.spec_accepted_per_pos[i] += 1
-        return rejected
 
     def _step_cost(self, chunks: list[tuple[int, int]], sampled_rows: int) -> dict[str, float]:
         c = self.config
@@ -731,22 +555,8 @@ class LLMEngine:
             self.workers.stop()
 
     def spec_stats(self) -> dict[str, Any]:
-        """Speculative decoding's counters (zeros when off): acceptance rate = accepted / draft
-        tokens; mean acceptance length = tokens per verified draft, 1 + accepted / drafts
-        (vLLM's definitions)."""
-        c = self.spec_counts
-        return {
-            "spec_decode_num_drafts": c["drafts"],
-            "spec_decode_num_draft_tokens": c["draft_tokens"],
-            "spec_decode_num_accepted_tokens": c["accepted_tokens"],
-            "spec_decode_num_accepted_tokens_per_pos": list(self.spec_accepted_per_pos),
-            "spec_decode_acceptance_rate": (
-                c["accepted_tokens"] / c["draft_tokens"] if c["draft_tokens"] else None
-            ),
-            "spec_decode_mean_acceptance_length": (
-                1 + c["accepted_tokens"] / c["drafts"] if c["drafts"] else None
-            ),
-        }
+        """Speculative decoding's counters (zeros when off; engine/spec_decode/speculator.py)."""
+        return speculation_stats(self.speculator)
 
     def _hit_rate(self) -> float:
         """Prompt tokens found in the prefix cache / prompt tokens looked up (vLLM's)."""

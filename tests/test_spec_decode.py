@@ -139,14 +139,14 @@ def test_rejected_drafts_give_back_whole_blocks() -> None:
     engine.add_request("r", PROMPTS[2], SamplingParams(max_tokens=60, temperature=0.0))
     steps_with_drafts = 0
     while engine.has_unfinished_requests():
-        before = engine.spec_counts["drafts"]
+        before = engine.speculator.drafts
         engine.step()
         req = engine.requests.get("r")
         if req is None:
             break
         table = engine.kv.block_tables["r"]
         assert len(table) <= engine.kv.blocks_for(req.num_computed_tokens + 1)
-        steps_with_drafts += engine.spec_counts["drafts"] > before
+        steps_with_drafts += engine.speculator.drafts > before
     assert steps_with_drafts > 0
     assert engine.kv.peak_blocks_used >= engine.kv.blocks_for(32 + 41)
     assert engine.stats()["kv_blocks_used"] == 0

@@ -130,8 +130,8 @@ class Scheduler:
             if req.status != RequestStatus.RUNNING:
                 continue  # preempted this step to make room for another
             n = self._num_new_tokens(req, budget)
-            spec = min(req.num_spec_wanted, budget - n) if n == 1 else 0
-            if n > 0 and self._allocate_or_preempt(req, n + spec, out):
+            spec = self._spec_tokens(req, n, budget)
+            if n > 0 and (spec or self._allocate_or_preempt(req, n, out)):
                 out.scheduled.append((req, n + spec))
                 if spec > 0:
                     out.num_spec[req.request_id] = spec
@@ -151,6 +151,14 @@ class Scheduler:
             elif result == "no budget" or not self._preempt_for(req, out):
                 break
         return out
+
+    def _spec_tokens(self, req: Request, n: int, budget: int) -> int:
+        """Draft tokens a decode verifies this step (0, or what it wanted that the budget
+        allows), their KV slots allocated with its token's: drafts never preempt anyone."""
+        spec = min(req.num_spec_wanted, budget - n) if n == 1 else 0
+        if spec > 0 and self.kv.allocate_slots(req.request_id, req.num_computed_tokens + 1 + spec):
+            return spec
+        return 0
 
     def _preempt_for(self, req: Request, out: SchedulerOutput) -> bool:
         """Under `priority` (continuous batching), make room for a waiting request by

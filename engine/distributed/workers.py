@@ -11,12 +11,15 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from engine.distributed.group import TPGroup
+
+if TYPE_CHECKING:
+    from engine.config import EngineConfig
 
 
 def _free_port() -> int:
@@ -104,3 +107,14 @@ class TPWorkers:
                 proc.kill()
                 proc.wait()
         self._dir.cleanup()
+
+
+def check_tensor_parallel(config: EngineConfig, device: torch.device) -> None:
+    """Refuse what tensor parallelism does not support, before any worker starts."""
+    n = config.tensor_parallel_size
+    if config.cuda_graphs:
+        raise ValueError("cuda_graphs with tensor_parallel_size > 1 is not supported")
+    if device.type == "cuda" and torch.cuda.device_count() < n:
+        raise ValueError(
+            f"tensor_parallel_size={n} needs {n} GPUs; {torch.cuda.device_count()} visible"
+        )
