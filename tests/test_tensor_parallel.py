@@ -82,8 +82,9 @@ def one_rank() -> list:
         {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}},
         {"speculative_config": {"method": "draft_layers", "num_draft_layers": 1}},
         {"model": "tiny-llama-untied", "enable_prefix_caching": False},
+        {"attention_backend": "triton"},  # each rank's kernels in Triton's interpreter
     ],
-    ids=["tp2", "tp4", "chunked-preempted", "ngram", "draft-layers", "untied-head"],
+    ids=["tp2", "tp4", "chunked-preempted", "ngram", "draft-layers", "untied-head", "triton"],
 )
 def test_greedy_output_equals_one_rank(args: dict[str, Any], one_rank: list) -> None:
     args = dict(args)
