@@ -136,7 +136,8 @@ def _targets(engine: LLMEngine, compiled: bool) -> Iterator[tuple[Any, str, str]
     yield engine, "_process_token", "detokenize, stop checks"
     yield engine.scheduler, "schedule", "scheduling"
     yield engine.scheduler, "advance", "scheduling"
-    yield engine.runner, "prepare_inputs", "input preparation"
+    yield engine.runner, "step_inputs", "input preparation"
+    yield engine.runner, "build_inputs", "input preparation"
     yield engine.runner, "sample", "sampling"
     yield model, "compute_logits", "LM head"
     if compiled:

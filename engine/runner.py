@@ -3,6 +3,7 @@ samples the next token of every request whose prompt (or recompute) is fully com
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,31 +199,23 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Hidden states [n, hidden] of every token of one sequence, computed through the paged
         cache `chunk_size` tokens at a time (each chunk reads the earlier ones from the cache,
-        as chunked prefill does). For calibration and scoring, between engine steps."""
-        req = Request("prefill", token_ids, SamplingParams(max_tokens=1))
-        tables = {req.request_id: block_table}
+        as chunked prefill does). For calibration, between engine steps."""
         hidden = []
-        while req.num_computed_tokens < len(token_ids):
-            n = min(chunk_size, len(token_ids) - req.num_computed_tokens)
-            input_ids, positions, meta = self.prepare_inputs([(req, n)], tables)
-            hidden.append(self.forward(input_ids, positions, meta))
-            req.num_computed_tokens += n
+        for step in prompt_chunks(token_ids, block_table, chunk_size):
+            hidden.append(self.forward(*self.build_inputs(step)))
         return torch.cat(hidden)
 
     @torch.inference_mode()
     def prompt_logits(
         self, token_ids: list[int], block_table: list[int], chunk_size: int
     ) -> torch.Tensor:
-        """Float32 logits [n, vocab] after every token of one sequence, computed through the
-        paged cache `chunk_size` tokens at a time by the eager forward, as `prefill`."""
-        out, start = [], 0
-        while start < len(token_ids):
-            n = min(chunk_size, len(token_ids) - start)
-            step = StepInputs(token_ids[start : start + n], [start], [n], [block_table])
-            logits = self.logits(step, list(range(n)), eager=True)
+        """Float32 logits [n, vocab] after every token of one sequence, chunked as `prefill`
+        (and through every rank under tensor parallelism). For scoring, between steps."""
+        out = []
+        for step in prompt_chunks(token_ids, block_table, chunk_size):
+            logits = self.logits(step, list(range(len(step.tokens))), eager=True)
             assert logits is not None
             out.append(logits.float())
-            start += n
         return torch.cat(out)
 
     def forward(
@@ -287,3 +280,12 @@ class ModelRunner:
         meta = AttentionMetadata.build(start, q_len, table, bs, dev, self.fused_decode, pos)
         input_ids = torch.tensor(step.tokens, dtype=torch.int64, device=dev)
         return input_ids, torch.from_numpy(pos).to(dev), meta
+
+
+def prompt_chunks(
+    token_ids: list[int], block_table: list[int], chunk_size: int
+) -> Iterator[StepInputs]:
+    """One sequence's tokens as steps of `chunk_size` tokens, in order."""
+    for start in range(0, len(token_ids), chunk_size):
+        chunk = token_ids[start : start + chunk_size]
+        yield StepInputs(chunk, [start], [len(chunk)], [block_table])
