@@ -388,3 +388,16 @@ def test_a_ramp_up_replaces_the_rate_and_keeps_a_concurrency_cap() -> None:
 def test_bad_ramp_ups_are_refused(flags: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         build_config({"num_requests": 10}, flags, ENGINE)
+
+
+def test_a_profiles_data_file_may_be_named_relative_to_the_profile(tmp_path, monkeypatch) -> None:
+    """profiles/speculative.toml names data/copy-edit.json beside it: found from any folder."""
+    from pathlib import Path
+
+    from loadgen.config import load_profile
+
+    monkeypatch.chdir(tmp_path)
+    bundles = load_profile("speculative")["sweep"]["workload"]
+    dataset = next(b["dataset"] for b in bundles if "dataset" in b)
+    kind, _, path = dataset.partition(":")
+    assert kind == "sharegpt" and Path(path).is_absolute() and Path(path).is_file()
