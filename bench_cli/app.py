@@ -214,15 +214,15 @@ def generate(
         f"{stats['num_steps'] - steps0} steps · {stats['num_preemptions'] - preempted0} preemptions"
     )
     console.print(engine_line(llm.llm_engine))
-    drafts, draft_tokens, accepted = (
-        stats[f"spec_decode_num_{k}"] - warm[f"spec_decode_num_{k}"]
-        for k in ("drafts", "draft_tokens", "accepted_tokens")
-    )
-    if drafts:  # the timed run's, as the line above
+    from loadgen.telemetry import spec_counts
+
+    spec = spec_counts(warm, stats)
+    if spec:  # the timed run's, as the line above
         console.print(
-            f"speculative decoding: {accepted} of {draft_tokens} draft tokens accepted "
-            f"({accepted / draft_tokens:.0%}), {1 + accepted / drafts:.2f} tokens per verified "
-            "draft"
+            f"speculative decoding: {spec['spec_accepted_tokens']} of "
+            f"{spec['spec_draft_tokens']} draft tokens accepted "
+            f"({spec['spec_acceptance_rate']:.0%}), {spec['spec_mean_acceptance_length']:.2f} "
+            "tokens per verified draft"
         )
     console.print(
         f"KV cache: peak {stats['kv_peak_blocks_used']}/{stats['kv_blocks_total']} blocks of "

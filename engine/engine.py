@@ -122,7 +122,7 @@ class LLMEngine:
             self.workers = TPWorkers(config, kv_scales, tp_size, self.device)
             weakref.finalize(self, self.workers.stop)
         tp = self.workers.group if self.workers else None
-        self.runner = make_runner(config, self.device, loaded, kv_scales, tp)
+        self.runner = make_runner(config, loaded, kv_scales, tp)
         if self.workers is not None:
             self.workers.wait_ready()
         if config.cuda_graphs:

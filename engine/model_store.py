@@ -67,7 +67,6 @@ def kv_scales(key: ModelKey) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def make_runner(
     config: EngineConfig,
-    device: torch.device,
     loaded: LoadedModel,
     kv_scales: list[tuple[torch.Tensor, torch.Tensor]] | None,
     tp: TPGroup | None = None,
@@ -111,4 +110,4 @@ def build_tp_rank(
     loaded = load_shared(ModelKey.of(config, device, tp.rank))
     assert config.max_model_len is not None
     loaded.model.prepare(config.max_model_len)
-    return make_runner(config, device, loaded, kv_scales, tp)
+    return make_runner(config, loaded, kv_scales, tp)

@@ -26,7 +26,7 @@ from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter
 from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
-from loadgen.telemetry import Telemetry
+from loadgen.telemetry import Telemetry, spec_counts
 from loadgen.traces import read_trace
 from loadgen.workload import (
     DEFAULT_INPUT_LEN,
@@ -269,23 +269,6 @@ def measure(
     explain_multi_token_chunks(summary)
     summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
     return summary, outcome
-
-
-def spec_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """The run's speculative-decoding counts, as Telemetry.summary gives them from /metrics."""
-    drafts, tokens, accepted = (
-        after[f"spec_decode_num_{k}"] - before[f"spec_decode_num_{k}"]
-        for k in ("drafts", "draft_tokens", "accepted_tokens")
-    )
-    if not drafts:
-        return {}
-    return {
-        "spec_drafts": drafts,
-        "spec_draft_tokens": tokens,
-        "spec_accepted_tokens": accepted,
-        "spec_acceptance_rate": accepted / tokens if tokens else None,
-        "spec_mean_acceptance_length": 1 + accepted / drafts,
-    }
 
 
 def explain_multi_token_chunks(summary: dict[str, Any]) -> None:

@@ -63,6 +63,31 @@ def parse_gauges(text: str) -> dict[str, float]:
     return out
 
 
+def spec_summary(drafts: float, draft_tokens: float, accepted: float) -> dict[str, Any]:
+    """A run's speculative decoding from its counters' growth (nothing if it drafted
+    nothing): acceptance rate = accepted / draft tokens, mean acceptance length = tokens per
+    verified draft, 1 + accepted / drafts (vLLM's definitions)."""
+    if not drafts:
+        return {}
+    return {
+        "spec_drafts": drafts,
+        "spec_draft_tokens": draft_tokens,
+        "spec_accepted_tokens": accepted,
+        "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "spec_mean_acceptance_length": 1 + accepted / drafts,
+    }
+
+
+def spec_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The same from an in-process engine's `stats()` before and after a run."""
+    return spec_summary(
+        *(
+            after[f"spec_decode_num_{k}"] - before[f"spec_decode_num_{k}"]
+            for k in ("drafts", "draft_tokens", "accepted_tokens")
+        )
+    )
+
+
 class Telemetry:
     def __init__(
         self,
@@ -203,12 +228,7 @@ class Telemetry:
             out["prefix_cache_hit_rate"] = (h[-1] - h[0]) / asked if asked else None
         spec = ("engine_spec_drafts", "engine_spec_draft_tokens", "engine_spec_accepted_tokens")
         if set(spec) <= names:
-            drafts, tokens, accepted = (col(c)[-1] - col(c)[0] for c in spec)
-            if drafts > 0:  # over the run; vLLM's definitions of rate and length
-                out["spec_drafts"], out["spec_draft_tokens"] = drafts, tokens
-                out["spec_accepted_tokens"] = accepted
-                out["spec_acceptance_rate"] = accepted / tokens if tokens else None
-                out["spec_mean_acceptance_length"] = 1 + accepted / drafts
+            out |= spec_summary(*(col(c)[-1] - col(c)[0] for c in spec))  # over the run
         return out
 
     def write_csv(self, path: Path, t0: float) -> None:

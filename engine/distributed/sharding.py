@@ -91,22 +91,24 @@ def shard_model(model: nn.Module, shard: Shard) -> None:
     linears: before fp8 quantization or CPU packing)."""
     cfg = model.config
     hd = cfg.head_dim
-    q_rows = torch.arange(shard.q_heads.start * hd, shard.q_heads.stop * hd)
-    kv_rows = torch.arange(shard.kv_heads.start * hd, shard.kv_heads.stop * hd)
+
+    def index(r: range) -> torch.Tensor:
+        return torch.arange(r.start, r.stop, device=model.embed_tokens.weight.device)
+
+    q_rows = index(range(shard.q_heads.start * hd, shard.q_heads.stop * hd))
+    kv_rows = index(range(shard.kv_heads.start * hd, shard.kv_heads.stop * hd))
     q_size, kv_size = cfg.num_heads * hd, cfg.num_kv_heads * hd
     qkv_rows = torch.cat([q_rows, q_size + kv_rows, q_size + kv_size + kv_rows])
-    inter = torch.arange(shard.intermediate.start, shard.intermediate.stop)
+    inter = index(shard.intermediate)
     gate_up_rows = torch.cat([inter, cfg.intermediate_size + inter])
     for layer in model.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_proj = _linear(attn.qkv_proj.weight[qkv_rows.to(attn.qkv_proj.weight.device)])
-        attn.o_proj = _linear(attn.o_proj.weight[:, q_rows.to(attn.o_proj.weight.device)])
+        attn.qkv_proj = _linear(attn.qkv_proj.weight[qkv_rows])
+        attn.o_proj = _linear(attn.o_proj.weight[:, q_rows])
         attn.num_heads, attn.num_kv_heads = len(shard.q_heads), len(shard.kv_heads)
         attn.q_size, attn.kv_size = attn.num_heads * hd, attn.num_kv_heads * hd
-        mlp.gate_up_proj = _linear(
-            mlp.gate_up_proj.weight[gate_up_rows.to(mlp.gate_up_proj.weight.device)]
-        )
-        mlp.down_proj = _linear(mlp.down_proj.weight[:, inter.to(mlp.down_proj.weight.device)])
+        mlp.gate_up_proj = _linear(mlp.gate_up_proj.weight[gate_up_rows])
+        mlp.down_proj = _linear(mlp.down_proj.weight[:, inter])
     vocab = slice(shard.vocab.start, shard.vocab.stop)
     embed = model.embed_tokens
     embed.weight = nn.Parameter(embed.weight[vocab].clone(), requires_grad=False)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from engine.config import ModelConfig
-from engine.distributed.group import TPGroup
 from engine.ops import (
     AttentionMetadata,
     KVCache,
@@ -27,6 +27,9 @@ from engine.ops import (
 from engine.ops.cpu_decode_attention import decode_attention
 from engine.ops.cpu_linear import PackedLinear
 from engine.ops.fp8 import Fp8Linear
+
+if TYPE_CHECKING:
+    from engine.distributed.group import TPGroup
 
 
 class RMSNorm(nn.Module):
