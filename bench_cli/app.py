@@ -316,6 +316,24 @@ def run(
             "process, static batches of N (1: one request at a time); needs transformers"
         ),
     ] = None,
+    engine_kind: Annotated[
+        str | None,
+        Opt(
+            "--engine",
+            help="bundled (the real engine) | sim: its scheduler and KV cache on a virtual "
+            "clock, each step timed by a cost model (no weights; any model, any device)",
+        ),
+    ] = None,
+    sim_device: Annotated[
+        str | None, Opt(help="sim: a100 | h100 | h200 | b200 | local (this machine, default)")
+    ] = None,
+    sim_cost_model: Annotated[
+        str | None,
+        Opt(help="sim: calibrated (a bench calibrate profile) | roofline (default without one)"),
+    ] = None,
+    sim_profile: Annotated[
+        str | None, Opt(help="sim: a calibration profile (default: bench calibrate's path)")
+    ] = None,
     arrival: Annotated[str | None, Opt(help="poisson | gamma | constant | trace")] = None,
     rate: Annotated[float | None, Opt(help="requests per second (open loop)")] = None,
     burstiness: Annotated[float | None, Opt(help="gamma shape: 1 Poisson, < 1 burstier")] = None,
@@ -466,6 +484,24 @@ def sweep(
     name: Annotated[str | None, Opt(help="sweep name (in the folder name)")] = None,
     out: Annotated[str | None, Opt(help="sweep folder (default results/<time>-<name>)")] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
+    engine_kind: Annotated[
+        str | None,
+        Opt(
+            "--engine",
+            help="bundled (the real engine) | sim: its scheduler and KV cache on a virtual "
+            "clock, each step timed by a cost model (no weights; any model, any device)",
+        ),
+    ] = None,
+    sim_device: Annotated[
+        str | None, Opt(help="sim: a100 | h100 | h200 | b200 | local (this machine, default)")
+    ] = None,
+    sim_cost_model: Annotated[
+        str | None,
+        Opt(help="sim: calibrated (a bench calibrate profile) | roofline (default without one)"),
+    ] = None,
+    sim_profile: Annotated[
+        str | None, Opt(help="sim: a calibration profile (default: bench calibrate's path)")
+    ] = None,
 ) -> None:
     """Run one load list against a grid of engine settings, a fresh server per point; writes
     sweep.csv and prints which setting is best at each load. `--rates auto:N` finds the loads
@@ -479,6 +515,8 @@ def sweep(
         console.print("[bold red]error:[/] give --profile (a sweep profile) and/or --rates")
         raise typer.Exit(2)
     flags = {"base_url": base_url, "model": model, "api_key": api_key, "name": name, "out": out}
+    flags |= {"engine_kind": engine_kind, "sim_device": sim_device}
+    flags |= {"sim_cost_model": sim_cost_model, "sim_profile": sim_profile}
     code = run_sweep(
         profile or "default", flags, repeat, resume, not no_dashboard, console, rates=rates
     )

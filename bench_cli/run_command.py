@@ -54,6 +54,8 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     target = cfg.base_url or f"bundled {cfg.model}"
+    if cfg.engine_kind == "sim":
+        target = sim_title(summary.get("config", {}).get("engine", {}), cfg.model)
     if cfg.naive_batch is not None:
         target = f"{cfg.model}, transformers generate, static batches of {cfg.naive_batch}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
@@ -99,8 +101,13 @@ def run_one(
     config["load"] = _load_text(cfg)  # in words, for the report's subtitle
     server: LocalServer | None = None
     try:
+        local_peak = None
         if cfg.base_url:
             target = Target.external(cfg.base_url)
+        elif cfg.engine_kind == "sim":
+            target = Target.simulated(f"simulated {cfg.model} on {cfg.sim_device or 'local'}")
+            if (cfg.sim_device or "local") == "local":
+                local_peak = _device_peak({"device": "cpu", "dtype": "float32"}, console)
         elif cfg.naive_batch is not None:  # the baseline: no server, no engine
             target = Target.naive(cfg.naive_batch)
         elif cfg.in_process:
@@ -113,9 +120,9 @@ def run_one(
                 server.start()
             target = Target.bundled(server.base_url, server.proc.pid if server.proc else None)
             config["engine"] = server.engine_config()
-        backend = connect(cfg, target, tokenizer)
+        backend = connect(cfg, target, tokenizer, local_peak)
         config["target"] = target.describe()
-        if cfg.in_process:
+        if cfg.in_process or cfg.engine_kind == "sim":
             config["engine"] = backend.engine_info()  # type: ignore[attr-defined]
         elif cfg.naive_batch is not None:
             config["naive"] = backend.info()  # type: ignore[attr-defined]
@@ -126,10 +133,13 @@ def run_one(
                     f"{escape(names)} ignored",
                     highlight=False,
                 )
-        if config.get("engine"):  # engine steps to divide by it: see bench_cli/device_peak.py
+        if cfg.engine_kind == "sim":  # the simulated device's peaks (spec sheet or measured)
+            config["device_peak"] = backend.device_peak()  # type: ignore[attr-defined]
+        elif config.get("engine"):  # engine steps to divide by it: see bench_cli/device_peak.py
             config["device_peak"] = _device_peak(config["engine"], console)
         write_json(out_dir / "config.json", config | environment())
-        view = _live_view(cfg, console) if dashboard else None
+        # A simulation runs faster than a live view could show it: its progress is the result.
+        view = _live_view(cfg, console) if dashboard and cfg.engine_kind != "sim" else None
         summary, outcome = measure(cfg, built, backend, target, out_dir, view)
         summary["config"] = config
         # An engine started for this run and not warmed: its first requests pay one-off costs.
@@ -147,6 +157,16 @@ def run_one(
 
         run_report(out_dir)
     return summary
+
+
+def sim_title(engine: dict[str, Any], model: str | None) -> str:
+    """What a simulated run ran on, in words: shown wherever its result is."""
+    sim = engine.get("sim") or {}
+    device = sim.get("device")
+    device_name = device.get("name") if isinstance(device, dict) else device or "local"
+    tp = engine.get("tensor_parallel_size", 1)
+    gpus = f"{tp} x {device_name}" if tp > 1 else device_name
+    return f"SIMULATED {model} on {gpus} ({sim.get('cost_model', '?')} step times)"
 
 
 def _default_model(cfg: RunConfig) -> str:

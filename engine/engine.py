@@ -14,7 +14,7 @@ from typing import Any, TextIO
 
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
 from engine.core.scheduler import Scheduler
@@ -97,25 +97,10 @@ class LLMEngine:
         if cache.kv_cache_dtype == "auto":
             cache.kv_cache_dtype = config.dtype  # recorded as resolved
         kv_dtype = DTYPES[cache.kv_cache_dtype]
-        self.model_config = loaded.config
         self.tokenizer: Tokenizer | None = loaded.tokenizer
         self.model_source = loaded.source
-        if (config.max_model_len or 0) > loaded.config.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len={config.max_model_len} exceeds the model's context length "
-                f"{loaded.config.max_position_embeddings}"
-            )
-        config.resolve(loaded.config, kv_dtype.itemsize)
-        assert config.max_model_len is not None and config.cache.num_kv_blocks is not None
-        self.max_model_len = config.max_model_len
+        self._init_core(config, loaded.config, kv_dtype.itemsize)
         loaded.model.prepare(self.max_model_len)
-        self.kv = KVCacheManager(
-            config.cache.num_kv_blocks,
-            config.cache.block_size,
-            cache.enable_prefix_caching,
-            reserve_tokens=self.max_model_len if cache.kv_reservation == "max_len" else 0,
-        )
-        self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         kv_scales = load_kv_scales(model_key) if kv_dtype == FP8 else None
         self.workers: TPWorkers | None = None
         if tp_size > 1:  # ranks 1.. in processes of their own; this one is rank 0
@@ -142,8 +127,29 @@ class LLMEngine:
             )
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
-        self.eos_token_ids = loaded.config.eos_token_ids or (
-            loaded.tokenizer.eos_token_ids if loaded.tokenizer else ()
+
+    def _init_core(self, config: EngineConfig, model_config: ModelConfig, kv_bytes: int) -> None:
+        """What every engine has, with weights or simulated (engine/sim): the resolved
+        config, the KV cache manager, the scheduler and the requests' state."""
+        self.model_config = model_config
+        if (config.max_model_len or 0) > model_config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the model's context length "
+                f"{model_config.max_position_embeddings}"
+            )
+        config.resolve(model_config, kv_bytes)
+        assert config.max_model_len is not None and config.cache.num_kv_blocks is not None
+        self.max_model_len = config.max_model_len
+        cache = config.cache
+        self.kv = KVCacheManager(
+            cache.num_kv_blocks,
+            cache.block_size,
+            cache.enable_prefix_caching,
+            reserve_tokens=self.max_model_len if cache.kv_reservation == "max_len" else 0,
+        )
+        self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
+        self.eos_token_ids = model_config.eos_token_ids or (
+            self.tokenizer.eos_token_ids if self.tokenizer else ()
         )
         self.requests: dict[str, Request] = {}  # by the engine's own (child) ids
         # Parallel sampling: a parent id's n children, and those held back until the first
@@ -364,10 +370,10 @@ class LLMEngine:
             self.workers.check_alive()
         tp = self.runner.tp
         reduce_s0 = tp.allreduce_s if tp is not None else 0.0
-        t0 = time.perf_counter()
+        t0 = self._step_started()
         if self._step_log is not None:  # before advance(): what each request is doing now
-            decode = sum(n for r, n in out.scheduled if r.num_computed_tokens == r.num_tokens - 1)
             chunks = [(r.num_computed_tokens, n) for r, n in out.scheduled]
+            shape = out.shape()
         self._counters["prompt_tokens_computed"] += sum(
             max(0, min(r.num_prompt_tokens, r.num_computed_tokens + n) - r.num_computed_tokens)
             for r, n in out.scheduled
@@ -376,7 +382,7 @@ class LLMEngine:
         logit_rows = sum(len(r.spec_token_ids) + 1 for r, _ in sampled)
         rejected = spec.count(sampled) if spec is not None and out.num_spec else None
         self.scheduler.advance(out, rejected)
-        now = time.monotonic()
+        now = self.scheduler.clock()
         outputs: list[RequestOutput] = []
         self._step_outputs = outputs  # what fail_running delivers if the loop below raises
         num_new = 0
@@ -402,15 +408,13 @@ class LLMEngine:
         self._last_step = {
             "num_tokens": out.num_batched_tokens,
             "num_seqs": len(out.scheduled),
-            "time_s": time.perf_counter() - t0,
+            "time_s": self._step_time(t0),
         }
         if self._step_log is not None:
             line = {
                 "t": t0,
                 "dur_s": self._last_step["time_s"],
-                "prefill_tokens": out.num_batched_tokens - decode,
-                "decode_tokens": decode,
-                "seqs": len(out.scheduled),
+                **shape.as_dict(),  # prefill/decode tokens, seqs, context, ... (cost.py)
                 "running": len(self.scheduler.running),
                 "waiting": self.scheduler.num_waiting,
                 "kv_blocks_used": self.kv.num_used_blocks,
@@ -426,7 +430,6 @@ class LLMEngine:
                     r.metrics.first_scheduled_time - r.metrics.arrival_time
                     for r in out.first_scheduled
                 ],
-                "context_tokens": sum(s + n for s, n in chunks),  # KV the attention reads
                 # Speculative decoding: draft tokens verified, and of those accepted.
                 "draft_tokens": sum(out.num_spec.values()),
                 "accepted_tokens": sum(out.num_spec.values()) - sum((rejected or {}).values()),
@@ -438,6 +441,14 @@ class LLMEngine:
             self._step_log.write(json.dumps(line) + "\n")
         self._step_outputs = []
         return outputs
+
+    def _step_started(self) -> float:
+        """When a step starts, on the step log's clock (perf_counter; virtual when simulated)."""
+        return time.perf_counter()
+
+    def _step_time(self, t0: float) -> float:
+        """How long the step that started at t0 took (measured; modelled when simulated)."""
+        return time.perf_counter() - t0
 
     def _step_cost(self, chunks: list[tuple[int, int]], sampled_rows: int) -> dict[str, float]:
         c = self.config

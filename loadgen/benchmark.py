@@ -69,6 +69,11 @@ class Target:
         return cls("bundled-in-process", None, os.getpid(), None)
 
     @classmethod
+    def simulated(cls, server: str) -> Target:
+        """The simulated engine (engine/sim): nothing real to watch."""
+        return cls("simulated", None, None, None, server)
+
+    @classmethod
     def naive(cls, batch: int) -> Target:
         """The naive baseline: transformers in this process (its CPU and RSS; no gauges)."""
         from loadgen.naive_backend import describe
@@ -201,10 +206,18 @@ def probe_of(spec: RequestSpec) -> RequestSpec:
     return dataclasses.replace(spec, output_len=min(spec.output_len, 4))
 
 
-def connect(cfg: RunConfig, target: Target, tokenizer: Any) -> Backend:
+def connect(
+    cfg: RunConfig, target: Target, tokenizer: Any, local_peak: dict[str, Any] | None = None
+) -> Backend:
     """The backend for a target: streaming HTTP, the bundled engine built from
-    `cfg.engine` in this process, or the naive transformers baseline (`cfg.naive_batch`)."""
+    `cfg.engine` in this process, the naive transformers baseline (`cfg.naive_batch`), or the
+    simulated engine (`local_peak`: this machine's measured peaks, for its roofline)."""
     from loadgen.backends import InProcessBackend, OpenAIBackend
+
+    if target.kind == "simulated":
+        from loadgen.sim_setup import sim_backend
+
+        return sim_backend(cfg, tokenizer, local_peak)
 
     if target.kind == "naive-in-process":
         from loadgen.naive_backend import NaiveBackend
@@ -248,16 +261,22 @@ def measure(
 ) -> tuple[dict[str, Any], RunOutcome]:
     """Run the plan under its own event loop with telemetry sampling the target; writes
     requests.jsonl, timeline.csv (and steps.jsonl for an in-process engine); the summary."""
-    engine = getattr(getattr(backend, "engine", None), "engine", None)  # in-process only
+    clock = getattr(backend, "clock", None)  # simulated: a virtual clock
+    engine = getattr(backend, "engine", None)
+    engine = engine if clock is not None else getattr(engine, "engine", None)  # in process
     if engine is not None:
         engine.log_steps(out_dir / "steps.jsonl")
     telemetry = Telemetry(target.pid, target.metrics_url, cfg.telemetry_interval)
     spec_before = engine.spec_stats() if engine is not None else None
     telemetry.start()
     try:
-        summary, outcome = run_event_loop(
-            run_benchmark(cfg, backend, built, out_dir, on_start, telemetry)
-        )
+        main = run_benchmark(cfg, backend, built, out_dir, on_start, telemetry)
+        if clock is not None:
+            from loadgen.virtual_loop import run_virtual
+
+            summary, outcome = run_virtual(main, clock)
+        else:
+            summary, outcome = run_event_loop(main)
     finally:
         telemetry.stop()
         if engine is not None:
@@ -297,7 +316,9 @@ async def run_benchmark(
     """Run the plan; Ctrl-C stops sending, cancels what is in flight and still summarizes
     every request that finished."""
     writer = RecordWriter(out_dir / "requests.jsonl")
-    runner = LoadRunner(backend, built.plan, writer.write, run_id=cfg.name)
+    clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
+    times = {"clock": clock.time} if clock is not None else {}
+    runner = LoadRunner(backend, built.plan, writer.write, cfg.name, **times)
     loop = asyncio.get_running_loop()
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):

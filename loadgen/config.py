@@ -47,6 +47,12 @@ class RunConfig:
     # request at a time): the naive baseline `bench claims` compares the engine with
     naive_batch: int | None = None
     engine: dict[str, Any] = field(default_factory=dict)
+    # bundled: the real engine. sim: its scheduler and KV cache on a virtual clock, steps timed
+    # by a cost model (engine/sim) on a device (a100, h100, h200, b200, local = this machine)
+    engine_kind: str = "bundled"
+    sim_device: str | None = None  # None: local
+    sim_cost_model: str | None = None  # None: calibrated where a profile is found, else roofline
+    sim_profile: str | None = None  # a `bench calibrate` profile; None: the default path
     # arrivals
     arrival: str = "poisson"
     rate: float | None = None
@@ -194,6 +200,7 @@ class RunConfig:
             raise ValueError(f"top_k must be >= 1 (or -1: off), got {self.top_k}")
         if self.naive_batch is not None:
             self._validate_naive()
+        self._validate_sim()
         if self.in_process and (self.headers or self.extra_body):
             raise ValueError("--header and --extra-body go over HTTP: not with --in-process")
         for key in ("input_len", "output_len"):
@@ -220,6 +227,27 @@ class RunConfig:
                 raise ValueError(f"{flag} cannot go with traffic classes (--class / [[class]])")
         if self.n > 1:
             raise ValueError("--n cannot go with traffic classes: give each class its own n")
+
+    def _validate_sim(self) -> None:
+        sim_keys = {"--sim-device": self.sim_device, "--sim-cost-model": self.sim_cost_model}
+        sim_keys["--sim-profile"] = self.sim_profile
+        if self.engine_kind not in ("bundled", "sim"):
+            raise ValueError(f"--engine {self.engine_kind!r}: expected bundled or sim")
+        if self.engine_kind == "bundled":
+            given = [k for k, v in sim_keys.items() if v is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: simulation settings need --engine sim")
+            return
+        for given, flag in (
+            (self.base_url, "--base-url"),
+            (self.naive_batch is not None, "--naive-batch"),
+        ):
+            if given:
+                raise ValueError(f"--engine sim simulates the bundled engine: not with {flag}")
+        if self.sim_cost_model not in (None, "calibrated", "roofline"):
+            raise ValueError(
+                f"--sim-cost-model {self.sim_cost_model!r}: expected calibrated or roofline"
+            )
 
     def _validate_naive(self) -> None:
         """The naive baseline serves the bundled model itself, one completion a prompt; of
@@ -317,6 +345,8 @@ def build_config(
         for key, value in values.items():
             if value is None:
                 continue
+            if key == "engine" and isinstance(value, str):  # `engine = "sim"`, as the flag
+                key = "engine_kind"
             if key not in names and key not in engine_names:
                 raise ValueError(f"{source} key {key!r} is not a setting of bench run")
             if key in names:  # `seed` is both: it seeds the run and the engine

@@ -108,8 +108,12 @@ class LoadRunner:
         plan: LoadPlan,
         on_record: Callable[[RequestRecord], None] | None = None,
         run_id: str = "req",
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """clock: the records' time (a simulated engine's virtual clock, whose event loop
+        jumps to each timer: no spin, it would never end)."""
         self.backend, self.plan = backend, plan
+        self.clock = clock
         self.on_record = on_record
         self.run_id = run_id
         self.progress = Progress(total=plan.total)
@@ -148,7 +152,7 @@ class LoadRunner:
             # it out of the collector's sight, so no full collection stalls a send mid-run.
             gc.collect()
             gc.freeze()
-            self.t0 = time.perf_counter()
+            self.t0 = self.clock()
             if not self._stopped:
                 dispatch = self._open_loop() if self.plan.offsets is not None else self._closed()
                 self._dispatcher = asyncio.create_task(dispatch)
@@ -158,7 +162,7 @@ class LoadRunner:
                     if not self._stopped:
                         raise
             await asyncio.gather(*self._tasks, return_exceptions=True)
-            elapsed = time.perf_counter() - self.t0
+            elapsed = self.clock() - self.t0
         finally:  # on any error too: nothing left running, every record made is recorded
             for task in list(self._tasks):
                 task.cancel()
@@ -179,7 +183,7 @@ class LoadRunner:
         rid = f"{self.run_id}-probe"
         rec = RequestRecord(-1, rid, spec.input_len, spec.output_len, True, cls=spec.cls, n=spec.n)
         self.probe_record = rec
-        await self.backend.send(spec, rec, time.perf_counter())
+        await self.backend.send(spec, rec, self.clock())
         if not rec.ok:
             where = getattr(self.backend, "url", self.backend.name)
             status = f" (HTTP {rec.http_status})" if rec.http_status else ""
@@ -189,12 +193,12 @@ class LoadRunner:
         """Warm-up requests, before the clock starts, at most `concurrency` at a time."""
         self.progress.warming_up = True
         sem = asyncio.Semaphore(self.plan.concurrency or len(self.plan.warmup))
-        t0 = time.perf_counter()
+        t0 = self.clock()
 
         async def one(i: int, spec: RequestSpec) -> None:
             rec = self._record(i, spec, warmup=True)
             async with sem:
-                rec.scheduled_s = time.perf_counter() - t0
+                rec.scheduled_s = self.clock() - t0
                 await self._send(spec, rec, t0)
 
         tasks = [asyncio.create_task(one(i, s)) for i, s in enumerate(self.plan.warmup)]
@@ -208,7 +212,10 @@ class LoadRunner:
         cap = asyncio.Semaphore(self.plan.concurrency) if self.plan.concurrency else None
         for i, (offset, spec) in enumerate(zip(self.plan.offsets, self.plan.specs, strict=False)):
             self.next_send = self.t0 + offset
-            await sleep_until(self.next_send)
+            if self.clock is time.perf_counter:
+                await sleep_until(self.next_send)
+            else:
+                await asyncio.sleep(self.next_send - self.clock())
             if isinstance(spec, Session):
                 self._launch(self._session(i, spec, offset, cap), requests=0)
                 continue
@@ -222,7 +229,7 @@ class LoadRunner:
         if cap is None:
             await self._send(spec, rec, self.t0)
             return
-        arrived = time.perf_counter()
+        arrived = self.clock()
         try:
             await cap.acquire()
         except asyncio.CancelledError:
@@ -230,7 +237,7 @@ class LoadRunner:
             self._finish(rec)
             raise
         try:
-            rec.queue_s = time.perf_counter() - arrived
+            rec.queue_s = self.clock() - arrived
             await self._send(spec, rec, self.t0)
         finally:
             cap.release()
@@ -243,7 +250,7 @@ class LoadRunner:
             if plan.num_requests is not None and i >= plan.num_requests:
                 return
             await slots.acquire()
-            now = time.perf_counter() - self.t0
+            now = self.clock() - self.t0
             spec = next(plan.specs, None)
             if spec is None or (plan.duration_s is not None and now >= plan.duration_s):
                 slots.release()
@@ -274,14 +281,14 @@ class LoadRunner:
                 self._next_index += 1
                 rec.session, rec.turn, rec.scheduled_s = i, k, due
                 if k:  # the first turn goes now; think time needs no sub-ms spin
-                    await asyncio.sleep(max(0.0, self.t0 + due - time.perf_counter()))
+                    await asyncio.sleep(max(0.0, self.t0 + due - self.clock()))
                 self.progress.sent += 1
                 await self._capped(spec, rec, cap)
                 if not rec.ok or self._stopped:
                     return
                 history += (("user", turn.prompt), ("assistant", rec.reply))
                 context = spec.input_len + rec.output_tokens
-                due = time.perf_counter() - self.t0 + session.think_s
+                due = self.clock() - self.t0 + session.think_s
         finally:
             if release is not None:
                 release.release()

@@ -108,7 +108,7 @@ class Request:
         self.num_spec_wanted = 0
         self.spec_token_ids: list[int] = []
         self.num_cached_tokens: int | None = None  # prompt tokens found in the prefix cache
-        self.metrics = RequestMetrics(arrival_time or time.monotonic())
+        self.metrics = RequestMetrics(time.monotonic() if arrival_time is None else arrival_time)
         self.stop_token_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
             self.stop_token_ids.update(eos_token_ids)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestStatus
+from engine.model.cost import StepShape, step_shape
 
 
 @dataclass(slots=True)
@@ -31,6 +33,7 @@ class SchedulerOutput:
     # Speculative decoding: draft tokens granted to a decode (request id -> count), included
     # in its scheduled tokens (1 + drafts).
     num_spec: dict[str, int] = field(default_factory=dict)
+    _shape: StepShape | None = None  # shape(), once computed
 
     @property
     def num_batched_tokens(self) -> int:
@@ -39,6 +42,18 @@ class SchedulerOutput:
     @property
     def is_empty(self) -> bool:
         return not self.scheduled
+
+    def shape(self) -> StepShape:
+        """What this step computes, for its cost (call before `Scheduler.advance`)."""
+        if self._shape is not None:
+            return self._shape
+        chunks = []
+        for r, n in self.scheduled:
+            s, drafts = r.num_computed_tokens, len(r.spec_token_ids)
+            rows = 1 + drafts if s + n - drafts == r.num_tokens else 0
+            chunks.append((s, n, s == r.num_tokens - 1, rows))
+        self._shape = step_shape(chunks)
+        return self._shape
 
 
 class Scheduler:
@@ -54,6 +69,9 @@ class Scheduler:
         self.num_preemptions = 0
         self.by_priority = config.scheduling_policy == "priority"
         self._seq = itertools.count()  # arrival order among equal arrival times
+        # Requests' engine timestamps (first scheduled, finished): wall clock, or the
+        # simulated engine's virtual one (engine/sim).
+        self.clock: Callable[[], float] = time.monotonic
 
     # ---- queue state -------------------------------------------------------------------
 
@@ -190,7 +208,7 @@ class Scheduler:
         out.cached_tokens += req.num_computed_tokens
         req.status = RequestStatus.RUNNING
         if req.metrics.first_scheduled_time is None:
-            req.metrics.first_scheduled_time = time.monotonic()
+            req.metrics.first_scheduled_time = self.clock()
             out.first_scheduled.append(req)
         self.running.append(req)
         out.scheduled.append((req, n))
@@ -271,4 +289,4 @@ class Scheduler:
         self.kv.free(req.request_id)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
-        req.metrics.finish_time = time.monotonic()
+        req.metrics.finish_time = self.clock()

@@ -69,3 +69,40 @@ def step_cost(
         kv_read_bytes=kv_token * sum(s + n for s, n in chunks),
         kv_write_bytes=kv_token * tokens,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class StepShape:
+    """What a step computes, in the terms its time depends on: the step log's fields, the
+    features a calibrated step-time model is fitted on, and what a simulated step costs."""
+
+    prefill_tokens: int  # tokens of prompt chunks (and recomputes) this step
+    decode_tokens: int  # tokens of decodes (one each, more with speculative drafts)
+    seqs: int
+    context_tokens: int  # keys the attention reads, summed over requests (their KV)
+    decode_context_tokens: int  # of those, the decodes' (read once per decode: bandwidth)
+    prefill_attention_pairs: int  # (query, key) pairs of the prefill chunks (compute)
+    sampled_rows: int  # rows through the LM head
+
+    @property
+    def tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return {f: getattr(self, f) for f in self.__slots__}  # type: ignore[attr-defined]
+
+
+def step_shape(chunks: Sequence[tuple[int, int, bool, int]]) -> StepShape:
+    """chunks: (tokens cached before, tokens computed, is a decode, rows it samples: 0, or 1
+    plus its drafts) per request."""
+    prefill = decode = context = decode_context = pairs = rows = 0
+    for s, n, is_decode, samples in chunks:
+        context += s + n
+        rows += samples
+        if is_decode:
+            decode += n
+            decode_context += s + n
+        else:
+            prefill += n
+            pairs += n * s + n * (n + 1) // 2
+    return StepShape(prefill, decode, len(chunks), context, decode_context, pairs, rows)

@@ -1,0 +1,162 @@
+"""`SimEngine`: the engine's scheduler, KV cache manager, prefix cache, preemption and request
+handling (n > 1, held siblings, stops at max_tokens), unchanged, over a runner that computes
+nothing and says how long the step would have taken."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from engine.config import EngineConfig, ModelConfig
+from engine.core.request import Request
+from engine.core.scheduler import SchedulerOutput
+from engine.engine import LLMEngine, cpu_has_native_bf16
+from engine.model.cost import matmul_params
+from engine.sim.clock import VirtualClock
+from engine.sim.hardware import DeviceSpec
+from engine.sim.step_time import DTYPE_BYTES, Calibrated, Roofline, StepTimeModel
+
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of a GPU's memory for weights + KV
+ACTIVATION_RESERVE = 2 * 2**30  # per GPU: activations, CUDA graphs, the allocator's slack
+
+
+class SimRunner:
+    """Stands in for ModelRunner: every request that catches up samples one token (the
+    same, never a stop token); the step's modelled duration is kept for the engine."""
+
+    tp = None
+    triton = fused_decode = compiled_forward = False
+
+    def __init__(self, step_model: StepTimeModel, token_id: int) -> None:
+        self.step_model = step_model
+        self.token_id = token_id
+        self.last_step_s = 0.0
+        self.busy_s = 0.0  # modelled time in steps, for stats
+
+    def execute(
+        self, out: SchedulerOutput, block_tables: dict[str, list[int]]
+    ) -> list[tuple[Request, list[int]]]:
+        self.last_step_s = self.step_model.step_time(out.shape())
+        self.busy_s += self.last_step_s
+        token = self.token_id
+        return [(r, [token]) for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens]
+
+
+class SimEngine(LLMEngine):
+    """An LLMEngine without weights on a virtual clock: `step()` schedules as the real one,
+    returns at once, and `last_step_s` says how long the step takes; whoever drives it waits
+    that long on the virtual clock before the outputs count as delivered."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        step_model: StepTimeModel,
+        clock: VirtualClock,
+    ) -> None:
+        if config.speculative_config is not None:
+            raise ValueError("speculative decoding is not simulated yet: drop it for --engine sim")
+        self.config = config
+        self.clock = clock
+        self.tokenizer = None  # the load generator sends token ids
+        self.model_source = "simulated"
+        self.workers = None
+        self.speculator = None
+        kv_bytes = DTYPE_BYTES[config.cache.kv_cache_dtype]
+        self._init_core(config, model_config, kv_bytes)
+        self.scheduler.clock = clock.time
+        self.weight_bytes = weight_bytes(model_config, config)
+        self.weight_bytes_bf16 = weight_bytes(model_config, config, bf16=True)
+        stops = set(self.eos_token_ids)
+        token = next(i for i in range(model_config.vocab_size) if i not in stops)
+        self.runner = SimRunner(step_model, token)  # type: ignore[assignment]
+
+    @property
+    def decode_attention(self) -> str:
+        return "simulated"
+
+    @property
+    def model_forward(self) -> str:
+        return "simulated"
+
+    @property
+    def last_step_s(self) -> float:
+        return self.runner.last_step_s  # type: ignore[attr-defined]
+
+    def _step_started(self) -> float:
+        return self.clock.now
+
+    def _step_time(self, t0: float) -> float:
+        return self.last_step_s
+
+
+def weight_bytes(model: ModelConfig, config: EngineConfig, bf16: bool = False) -> int:
+    """Bytes of all weights (whole model, every rank together): linears at the weights'
+    dtype, embeddings, LM head and norms at the model's."""
+    dtype = "bfloat16" if bf16 else config.dtype
+    linear = DTYPE_BYTES["fp8" if config.quantization == "fp8" and not bf16 else dtype]
+    embed = model.vocab_size * model.hidden_size * (1 if model.tie_word_embeddings else 2)
+    norms = model.hidden_size * (2 * model.num_layers + 1)
+    return int(matmul_params(model) * linear + (embed + norms) * DTYPE_BYTES[dtype])
+
+
+def resolve_sim_config(config: EngineConfig, device: DeviceSpec) -> None:
+    """'auto' settings as the engine resolves them on that device: bf16 and Triton on GPUs;
+    on this machine float32 (unless the CPU has native bf16) and the torch backend."""
+    gpu = device.name != "local"
+    if config.dtype == "auto":
+        config.dtype = "bfloat16" if gpu or cpu_has_native_bf16() else "float32"
+    if config.cache.kv_cache_dtype == "auto":
+        config.cache.kv_cache_dtype = config.dtype
+    if config.attention_backend == "auto":
+        config.attention_backend = "triton" if gpu else "torch"
+
+
+def size_gpu_kv_cache(config: EngineConfig, model: ModelConfig, device: DeviceSpec) -> None:
+    """On a simulated GPU with no KV size given: what vLLM would take, 90 % of the GPUs'
+    memory less the weights and an activation reserve per GPU."""
+    cache = config.cache
+    if device.name == "local" or cache.num_kv_blocks or cache.kv_cache_memory_gb is not None:
+        return
+    tp = config.tensor_parallel_size
+    free = GPU_MEMORY_UTILIZATION * device.memory_bytes * tp - weight_bytes(model, config)
+    free -= ACTIVATION_RESERVE * tp
+    if free <= 0:
+        need = weight_bytes(model, config) / 1e9
+        raise ValueError(
+            f"the weights ({need:.1f} GB) do not fit on {tp} x {device.name} "
+            f"({device.memory_bytes / 1e9:.0f} GB each): raise --tensor-parallel-size"
+        )
+    cache.kv_cache_memory_gb = math.floor(free / 2**30 * 100) / 100
+
+
+def step_model_for(
+    kind: str,
+    model: ModelConfig,
+    config: EngineConfig,
+    device: DeviceSpec,
+    profile: Calibrated | None = None,
+) -> StepTimeModel:
+    """The step-time model asked for, checked against the engine settings."""
+    if kind == "calibrated":
+        if profile is None:
+            raise ValueError("--sim-cost-model calibrated needs a profile (bench calibrate)")
+        profile.check_settings(cost_settings(config))
+        return profile
+    if kind != "roofline":
+        raise ValueError(f"sim cost model {kind!r}: expected calibrated or roofline")
+    weights = "fp8" if config.quantization == "fp8" else config.dtype
+    kv = "fp8" if config.cache.kv_cache_dtype == "fp8" else config.cache.kv_cache_dtype
+    return Roofline(model, device, config.dtype, weights, kv, config.tensor_parallel_size)
+
+
+def cost_settings(config: EngineConfig) -> dict[str, Any]:
+    """The engine settings a calibration profile is bound to (step_time.COST_SETTINGS)."""
+    return {
+        "dtype": config.dtype,
+        "quantization": config.quantization,
+        "kv_cache_dtype": config.cache.kv_cache_dtype,
+        "tensor_parallel_size": config.tensor_parallel_size,
+        "enforce_eager": config.enforce_eager,
+        "attention_backend": config.attention_backend,
+    }

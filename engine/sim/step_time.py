@@ -1,0 +1,305 @@
+"""How long a step takes, from its shape (engine/model/cost.py's StepShape): two models
+behind one interface. `roofline` derives it from the model's shape and a device's peaks;
+`calibrated` is fitted to the steps a real engine logged on this machine."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.model.cost import StepShape, matmul_params
+from engine.sim.hardware import DeviceSpec
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1}
+
+
+class StepTimeModel(Protocol):
+    name: str
+
+    def step_time(self, shape: StepShape) -> float:
+        """Seconds from the start of this step to the start of the next (busy engine)."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """For config.json: which model, with what figures."""
+        ...
+
+
+# ---- roofline ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Efficiency:
+    """Fractions of the device's peaks a kernel reaches, per regime, and what a step costs
+    besides its kernels. Defaults are typical of vLLM on Hopper (assumptions, not measured
+    here; a calibration sets them for a device it can run on)."""
+
+    compute: float = 0.7  # large GEMMs (prefill, big batches)
+    memory: float = 0.8  # streaming weights and KV (decode)
+    attention: float = 0.5  # prefill attention FLOPs (flash attention)
+    interconnect: float = 0.8  # ring all-reduce bus bandwidth
+    overhead_s: float = 1.0e-3  # scheduling, input preparation, launches, sampling
+
+
+@dataclass(slots=True)
+class Roofline:
+    """Each part of a step takes max(its FLOPs / peak, its bytes / bandwidth), and the parts
+    run one after another: linears, LM head, attention (decodes read their KV: bandwidth;
+    prefill chunks are compute), the KV writes, and with tensor parallelism two ring
+    all-reduces of the hidden state per layer. With TP every weight, head and KV head is
+    split over the ranks (KV heads replicated when there are fewer than ranks)."""
+
+    model: ModelConfig
+    device: DeviceSpec
+    dtype: str = "bfloat16"  # activations and unquantized weights
+    weight_dtype: str = "bfloat16"  # fp8 with --quantization fp8
+    kv_dtype: str = "bfloat16"
+    tp: int = 1
+    eff: Efficiency = field(default_factory=Efficiency)
+    name: str = "roofline"
+
+    def step_time(self, shape: StepShape) -> float:
+        m, d, e, tp = self.model, self.device, self.eff, self.tp
+        bw = d.memory_bw * e.memory
+        w_bytes, a_bytes = DTYPE_BYTES[self.weight_dtype], DTYPE_BYTES[self.dtype]
+        # fp8 weights multiply as fp8 where tensor cores take it (activations quantized).
+        mm_peak = d.flops(self.weight_dtype) * e.compute
+        params = matmul_params(m) / tp
+        tokens = shape.tokens
+        t = max(2.0 * params * tokens / mm_peak, params * w_bytes / bw)
+        if shape.sampled_rows:
+            head = m.hidden_size * m.vocab_size / tp
+            t += max(2.0 * head * shape.sampled_rows / (d.flops(self.dtype) * e.compute),
+                     head * a_bytes / bw)  # fmt: skip
+        kv_heads = math.ceil(m.num_kv_heads / tp)
+        kv_token = 2 * m.num_layers * kv_heads * m.head_dim * DTYPE_BYTES[self.kv_dtype]
+        heads = m.num_heads / tp
+        attn_flops = 4.0 * m.num_layers * heads * m.head_dim
+        t += max(attn_flops * shape.decode_context_tokens / (d.flops(self.dtype) * e.compute),
+                 kv_token * shape.decode_context_tokens / bw)  # fmt: skip
+        t += attn_flops * shape.prefill_attention_pairs / (d.flops(self.dtype) * e.attention)
+        t += kv_token * tokens / bw  # the new tokens' K and V
+        if tp > 1:
+            link = d.interconnect_bw * e.interconnect
+            volume = 2.0 * (tp - 1) / tp * tokens * m.hidden_size * a_bytes
+            t += 2 * m.num_layers * (d.interconnect_latency_s + volume / link)
+        return t + e.overhead_s
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "cost_model": self.name,
+            "device": self.device.to_dict(),
+            "dtype": self.dtype,
+            "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype,
+            "tensor_parallel_size": self.tp,
+            "efficiency": asdict(self.eff),
+        }
+
+
+# ---- calibrated ----------------------------------------------------------------------------
+
+# Settings that change what one step costs: a profile is valid only for the ones it was
+# measured with. The scheduler's settings (batching, chunk size, max_num_seqs, prefix caching)
+# change which steps run, not what each costs: those are what a simulation predicts across.
+COST_SETTINGS = (
+    "dtype",
+    "quantization",
+    "kv_cache_dtype",
+    "tensor_parallel_size",
+    "enforce_eager",
+    "attention_backend",
+)
+FEATURES = ("tokens_or_knee", "seqs", "decode_context_tokens", "prefill_attention_pairs")
+FORM = (
+    "t = c0 + c_tok * max(knee, tokens) + c_seq * seqs + c_ctx * decode_context_tokens "
+    "+ c_pair * prefill_attention_pairs + gap_s"
+)
+
+
+@dataclass(slots=True)
+class Calibrated:
+    """A roofline in a fitted form. Below `knee` tokens a step streams every weight once
+    and costs the same whatever its width (memory-bound); above it, each token adds its
+    matmul time (compute-bound): max(knee, tokens). Per sequence: its LM head row, metadata
+    and sampling. Decodes read their whole KV (decode context); prefill chunks compute
+    their attention pairs. `gap_s`: the median time between a step's end and the next
+    one's start while requests run (scheduling, outputs, the server's loop). Coefficients
+    are non-negative, fitted on relative error (steps span milliseconds to seconds)."""
+
+    c0: float
+    c_tok: float
+    knee: float
+    c_seq: float
+    c_ctx: float
+    c_pair: float
+    gap_s: float = 0.0
+    model_name: str = ""
+    device: str = "local"
+    settings: dict[str, Any] = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
+    name: str = "calibrated"
+
+    def step_time(self, shape: StepShape) -> float:
+        return (
+            self.c0
+            + self.c_tok * max(self.knee, shape.tokens)
+            + self.c_seq * shape.seqs
+            + self.c_ctx * shape.decode_context_tokens
+            + self.c_pair * shape.prefill_attention_pairs
+            + self.gap_s
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"cost_model": self.name, "form": FORM, **self.to_dict()}
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("name")
+        return {"format": 1, **d}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Calibrated:
+        try:
+            d = json.loads(Path(path).read_text())
+            if d.pop("format", None) != 1:
+                raise ValueError("unknown format")
+            return cls(**d)
+        except (OSError, ValueError, TypeError) as e:
+            raise ValueError(f"calibration profile {path}: {e}") from None
+
+    def check_settings(self, settings: dict[str, Any]) -> None:
+        """Refuse engine settings that change a step's cost from the calibrated ones."""
+        diff = [
+            f"{k}={settings.get(k)!r} (calibrated with {self.settings.get(k)!r})"
+            for k in COST_SETTINGS
+            if k in self.settings and settings.get(k) != self.settings.get(k)
+        ]
+        if diff:
+            raise ValueError(
+                f"the calibration profile was measured with other settings: {', '.join(diff)}; "
+                "run `bench calibrate` with these settings, or use --sim-cost-model roofline"
+            )
+
+
+def shape_of(row: dict[str, Any]) -> StepShape:
+    """A steps.jsonl line's shape."""
+    return StepShape(**{f: int(row[f]) for f in StepShape.__slots__})  # type: ignore[attr-defined]
+
+
+def busy_gaps(rows: list[dict[str, Any]]) -> list[float]:
+    """Time from each step's end to the next one's start, where the engine had requests
+    left to run (it started the next step as soon as it could)."""
+    gaps = []
+    for a, b in itertools.pairwise(rows):
+        if a.get("running", 0) > 0:
+            gap = b["t"] - a["t"] - a["dur_s"]
+            if 0 <= gap < 0.25 * max(a["dur_s"], 1e-3) + 0.005:
+                gaps.append(gap)
+    return gaps
+
+
+def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0: drop the most negative and solve again."""
+    active = list(range(x.shape[1]))
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active], y, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+def fit(
+    rows: Iterable[dict[str, Any]], model_name: str = "", device: str = "local", **meta: Any
+) -> Calibrated:
+    """Fit the calibrated form to steps.jsonl lines (of one engine's settings)."""
+    rows = [r for r in rows if r.get("dur_s") is not None and r.get("seqs")]
+    missing = [f for f in StepShape.__slots__ if rows and f not in rows[0]]  # type: ignore[attr-defined]
+    if missing:
+        raise ValueError(f"the step log lacks {missing}: log it with this version's engine")
+    if len(rows) < 20:
+        raise ValueError(f"{len(rows)} steps are too few to calibrate on (need >= 20)")
+    shapes = [shape_of(r) for r in rows]
+    y = np.array([r["dur_s"] for r in rows])
+    tokens = np.array([s.tokens for s in shapes], dtype=float)
+    rest = np.array(
+        [[s.seqs, s.decode_context_tokens, s.prefill_attention_pairs] for s in shapes], float
+    )
+    best: tuple[float, float, np.ndarray] | None = None
+    for knee in sorted({1.0, *(2.0**k for k in range(1, 12))}):
+        x = np.column_stack([np.ones(len(y)), np.maximum(knee, tokens), rest])
+        coef = _nnls(x / y[:, None], np.ones(len(y)))  # relative error
+        err = float(np.mean(np.abs(x @ coef / y - 1)))
+        if best is None or err < best[0]:
+            best = (err, knee, coef)
+    assert best is not None
+    err, knee, coef = best
+    gaps = busy_gaps(rows)
+    model = Calibrated(
+        c0=float(coef[0]),
+        c_tok=float(coef[1]),
+        knee=knee,
+        c_seq=float(coef[2]),
+        c_ctx=float(coef[3]),
+        c_pair=float(coef[4]),
+        gap_s=float(np.median(gaps)) if gaps else 0.0,
+        model_name=model_name,
+        device=device,
+    )
+    pred = np.array([model.step_time(s) - model.gap_s for s in shapes])
+    rel = np.abs(pred / y - 1)
+    model.fit = {
+        "steps": len(rows),
+        "mean_abs_rel_err": float(rel.mean()),
+        "p90_abs_rel_err": float(np.quantile(rel, 0.9)),
+        "busy_gaps": len(gaps),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **meta,
+    }
+    return model
+
+
+def read_steps(path: str | Path) -> list[dict[str, Any]]:
+    """A steps.jsonl file's lines; a broken line is an error naming it."""
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+    return rows
+
+
+def default_profile_path(model: str, settings: dict[str, Any]) -> Path | None:
+    """Where `bench calibrate` keeps the profile of a model x this machine x settings
+    ($SERVEBENCH_CACHE_DIR/sim/...; None when the cache is off)."""
+    from engine.model.sources import cache_dir
+
+    root = cache_dir()
+    if root is None:
+        return None
+    slug = Path(model).name if "/" in model or model.endswith(".gguf") else model
+    parts = [slug] + [f"{k}={settings.get(k)}" for k in COST_SETTINGS]
+    name = "__".join(str(p).replace("/", "_") for p in parts)
+    return root / "sim" / f"{name}.json"

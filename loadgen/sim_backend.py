@@ -1,0 +1,179 @@
+"""The simulated engine as a backend (`bench run --engine sim`): requests go to a SimEngine
+(engine/sim) on a virtual clock, and the records are filled exactly as the in-process
+backend fills them, so every metric, table, report and gate reads them as a real run's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine.core.request import SamplingParams
+from engine.sim.clock import VirtualClock
+from engine.sim.hardware import DeviceSpec
+from engine.sim.sim_engine import SimEngine
+from loadgen.records import RequestRecord
+from loadgen.workload import PromptBuilder, RequestSpec
+
+
+@dataclass(slots=True)
+class _Pending:
+    rec: RequestRecord
+    t0: float
+    done: asyncio.Future
+
+
+class SimBackend:
+    """One coroutine steps the engine: a step is scheduled at once, then the virtual clock
+    moves on by its modelled time (requests arriving meanwhile wait for the next step, as on
+    a real engine) and its tokens are stamped at the step's end. Records are written by that
+    loop directly: no per-token wake-ups, so an hour of traffic takes seconds."""
+
+    name = "sim"
+
+    def __init__(
+        self,
+        engine: SimEngine,
+        clock: VirtualClock,
+        tokenizer: Any,
+        device: DeviceSpec,
+        endpoint: str = "completions",
+    ) -> None:
+        self.engine, self.clock, self.tokenizer = engine, clock, tokenizer
+        self.device = device
+        self.chat = endpoint == "chat"
+        self._pending: dict[str, _Pending] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._replies: PromptBuilder | None = None  # multi-turn: text to carry the reply
+
+    def engine_info(self) -> dict[str, Any]:
+        engine = self.engine
+        return engine.config.to_dict() | {
+            "decode_attention": "simulated",
+            "model_forward": "simulated",
+            "simulated": True,
+            "sim": engine.runner.step_model.describe(),  # type: ignore[attr-defined]
+            "weight_bytes": engine.weight_bytes,
+        }
+
+    def device_peak(self) -> dict[str, Any]:
+        """The simulated device's peaks, as bench_cli/device_peak.py gives this machine's:
+        what the report's utilization of simulated steps is against."""
+        d = self.device
+        return {
+            "peak_flops": d.flops(self.engine.config.dtype),
+            "peak_read_bytes_per_s": d.memory_bw,
+            "peak_bytes_per_s": d.memory_bw,
+            "device": f"simulated {d.name}",
+            "source": d.source,
+        }
+
+    async def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._serve())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _ids(self, spec: RequestSpec) -> list[int]:
+        tok = self.tokenizer
+        if self.chat and getattr(tok, "chat_template", None):
+            return tok.encode_chat(spec.messages())
+        return tok.encode(spec.text())
+
+    async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
+        assert self._wake is not None, "start() the backend first"
+        engine = self.engine
+        rec.send_s = self.clock.now - t0
+        try:
+            params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, n=spec.n)
+            req = engine.make_request(
+                rec.request_id, self._ids(spec), params, self.clock.now, spec.priority or 0
+            )
+            engine.add(req)
+        except ValueError as e:  # too long for the context, or the KV cache: as the engine says
+            rec.status, rec.error, rec.end_s = "error", f"ValueError: {e}", rec.send_s
+            return
+        pending = _Pending(rec, t0, asyncio.get_running_loop().create_future())
+        self._pending[rec.request_id] = pending
+        self._wake.set()
+        try:
+            await pending.done
+        except asyncio.CancelledError:
+            engine.abort_request(rec.request_id)
+            rec.status, rec.error = "cancelled", "the run was stopped"
+            rec.end_s = self.clock.now - t0
+            if rec.chunk_s:
+                rec.first_chunk_s = rec.chunk_s[0]
+                rec.output_tokens, rec.output_tokens_source = sum(rec.chunk_tokens), "engine"
+            raise
+        finally:
+            self._pending.pop(rec.request_id, None)
+
+    async def _serve(self) -> None:
+        try:
+            await self._step_loop()
+        except Exception as e:  # a scheduler bug must not leave requests waiting forever
+            for pending in list(self._pending.values()):
+                pending.rec.status, pending.rec.error = "error", f"{type(e).__name__}: {e}"
+                pending.rec.end_s = self.clock.now - pending.t0
+                if not pending.done.done():
+                    pending.done.set_result(None)
+            raise
+
+    async def _step_loop(self) -> None:
+        engine, wake = self.engine, self._wake
+        assert wake is not None
+        while True:
+            steps = engine._counters["steps"]
+            outputs = engine.step() if engine.has_unfinished_requests() else []
+            if engine._counters["steps"] == steps:  # nothing could run: wait for a request
+                wake.clear()
+                await wake.wait()
+                continue
+            await asyncio.sleep(engine.last_step_s)
+            now = self.clock.now
+            for out in outputs:
+                pending = self._pending.get(out.request_id)
+                if pending is None:
+                    continue
+                rec = pending.rec
+                if out.new_token_ids:
+                    rec.chunk_s.append(now - pending.t0)
+                    rec.chunk_tokens.append(len(out.new_token_ids))
+                    if rec.n > 1:
+                        rec.chunk_choice.append(out.outputs[0].index)
+                if out.finished:
+                    self._finish(rec, out, now - pending.t0)
+                    pending.done.set_result(None)
+
+    def _finish(self, rec: RequestRecord, out: Any, end_s: float) -> None:
+        rec.end_s = end_s
+        rec.prompt_tokens = len(out.prompt_token_ids)
+        rec.output_tokens = sum(rec.chunk_tokens)
+        rec.cached_tokens = out.num_cached_tokens
+        rec.prompt_tokens_source = rec.output_tokens_source = "engine"
+        rec.finish_reason = out.outputs[0].finish_reason
+        if rec.chunk_s:
+            rec.first_chunk_s = rec.chunk_s[0]
+        if rec.session is not None:
+            rec.reply = self._reply(rec)
+        if out.error or not rec.chunk_s or rec.finish_reason in ("abort", "error"):
+            rec.status, rec.error = "error", out.error or f"ended ({rec.finish_reason}) early"
+        else:
+            rec.status = "ok"
+
+    def _reply(self, rec: RequestRecord) -> str:
+        """A conversation's next turn carries the reply: text of as many tokens."""
+        if self._replies is None:
+            self._replies = PromptBuilder(self.tokenizer)
+        rng = np.random.default_rng(zlib.crc32(rec.request_id.encode()))
+        return self._replies.prompt(rec.output_tokens, rng)
