@@ -524,6 +524,45 @@ def sweep(
 
 
 @app.command()
+def calibrate(
+    model: Annotated[str, Opt(help="bundled model to measure")] = "smollm2-135m",
+    from_run: Annotated[
+        list[str] | None,
+        Opt(help="fit to an earlier real run's steps (its folder; repeatable) instead of a load"),
+    ] = None,
+    out: Annotated[str | None, Opt(help="profile path (default: where --engine sim looks)")] = None,
+    num_requests: Annotated[
+        int | None, Opt(help="requests of the calibration load (profiles/calibrate.toml)")
+    ] = None,
+    dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
+    quantization: Annotated[str | None, Opt(help="engine: fp8 (e4m3 linear weights)")] = None,
+    kv_cache_dtype: Annotated[
+        str | None, Opt(help="engine: auto | bfloat16 | float32 | fp8")
+    ] = None,
+    enforce_eager: Annotated[bool | None, Opt(help="engine: eager PyTorch only")] = None,
+    attention_backend: Annotated[str | None, Opt(help="engine: auto | torch | triton")] = None,
+    tensor_parallel_size: Annotated[int | None, Opt(help="engine: processes")] = None,
+    max_num_seqs: Annotated[int | None, Opt(help="engine: requests running at once")] = None,
+) -> None:
+    """Fit the simulated engine's step times to this machine: run a load ramping past
+    saturation on the real engine (or read --from-run folders), fit step time to the steps'
+    shapes, and save the profile `bench run --engine sim` uses for this model and settings."""
+    from bench_cli.calibrate import calibrate as run_calibrate
+
+    engine = {
+        "dtype": dtype,
+        "quantization": quantization,
+        "kv_cache_dtype": kv_cache_dtype,
+        "enforce_eager": enforce_eager,
+        "attention_backend": attention_backend,
+        "tensor_parallel_size": tensor_parallel_size,
+        "max_num_seqs": max_num_seqs,
+    }
+    engine = {k: v for k, v in engine.items() if v is not None}
+    raise typer.Exit(run_calibrate(model, engine, from_run or [], out, num_requests, console))
+
+
+@app.command()
 def claims(
     quick: Annotated[
         bool,

@@ -18,6 +18,7 @@ from plotly.subplots import make_subplots
 
 from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
+from bench_cli.tables import sim_title
 from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.records import RequestRecord, read_records
 
@@ -501,6 +502,8 @@ def describe_run(summary: dict[str, Any], name: str) -> str:
         what += f" ({engine.get('dtype', '?')}, {sched.get('batching', '?')} batching"
         what += f", max {sched.get('max_num_seqs', '?')} sequences)"
         what += " in process" if kind.endswith("in-process") else ""
+    elif kind == "simulated":
+        what = sim_title(engine, run.get("model"))
     else:
         what = f"{run.get('model') or 'served model'} at {target.get('base_url', '?')}"
     parts = [run.get("name", name), load, amount, lengths, what]
@@ -526,13 +529,20 @@ def run_report(run: Path, embed: bool = True) -> Path:
     intro = html.escape(describe_run(summary, run.name))
     if utilization:
         intro += f"<p>{html.escape(utilization)}</p>"
+    title = f"servebench run {run.name}"
+    if summary.get("config", {}).get("target", {}).get("kind") == "simulated":
+        title += " (SIMULATED)"
+        intro = SIMULATED_BANNER + intro
     out = run / "report.html"
-    out.write_text(
-        _page(f"servebench run {run.name}", intro + f"<ul>{warnings}</ul>", figs, table, embed)
-    )
+    out.write_text(_page(title, intro + f"<ul>{warnings}</ul>", figs, table, embed))
     return out
 
 
+SIMULATED_BANNER = (
+    "<p style='background:#fff3cd;border:1px solid #e0b800;padding:8px'><b>SIMULATED:</b> "
+    "no model ran. The engine's scheduler and KV cache ran on a virtual clock and each step "
+    "took the time its cost model gives (config.json: engine.sim).</p>"
+)
 RUN_HEADLINE = (
     ("completed", "completed"),
     ("failed", "failed"),
@@ -544,6 +554,7 @@ RUN_HEADLINE = (
 )
 # sweep.csv columns the sweep's table shows (latencies come after, in ms)
 SWEEP_HEADLINE = (
+    ("simulated", "simulated", "{:.0f}"),
     ("runs", "runs", "{:.0f}"),
     ("completed", "completed", "{:.0f}"),
     ("failed", "failed", "{:.0f}"),
@@ -576,6 +587,8 @@ def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
         if a in table:
             cols[("", a)] = list(table[a].astype(str))
     for key, label, fmt in SWEEP_HEADLINE:
+        if key == "simulated" and key in table and not table[key].fillna(0).any():
+            continue  # a real sweep: no column saying so
         if key in table and table[key].notna().any():
             cols[("", label)] = [_cell(r, key, fmt.format) for _, r in table.iterrows()]
     for key in SWEEP_LATENCIES:
@@ -595,8 +608,16 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
     figs = sweep_figures(table, axes, load, setting_keys)
     out = sweep / "report.html"
     intro = html.escape(f"{len(table)} points over {', '.join(axes)}; {plan['repeat']} run(s) each")
+    title = f"servebench sweep {sweep.name}"
+    simulated = table["simulated"].fillna(0) if "simulated" in table else pd.Series([0.0])
+    if simulated.all():
+        title, intro = title + " (SIMULATED)", SIMULATED_BANNER + intro
+    elif simulated.any():
+        title += " (partly SIMULATED)"
+        intro = SIMULATED_BANNER.replace("no model ran", "points with simulated = 1: no model ran")
+        intro += html.escape(f"{len(table)} points over {', '.join(axes)}")
     table_html = sweep_table_html(table, axes)
-    out.write_text(_page(f"servebench sweep {sweep.name}", intro, figs, table_html, embed))
+    out.write_text(_page(title, intro, figs, table_html, embed))
     return out
 
 

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
-from bench_cli.tables import print_result
+from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
 from loadgen.runner import ProbeFailed
 
@@ -157,16 +157,6 @@ def run_one(
 
         run_report(out_dir)
     return summary
-
-
-def sim_title(engine: dict[str, Any], model: str | None) -> str:
-    """What a simulated run ran on, in words: shown wherever its result is."""
-    sim = engine.get("sim") or {}
-    device = sim.get("device")
-    device_name = device.get("name") if isinstance(device, dict) else device or "local"
-    tp = engine.get("tensor_parallel_size", 1)
-    gpus = f"{tp} x {device_name}" if tp > 1 else device_name
-    return f"SIMULATED {model} on {gpus} ({sim.get('cost_model', '?')} step times)"
 
 
 def _default_model(cfg: RunConfig) -> str:

@@ -71,6 +71,8 @@ def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
     }
     out |= {k: summary[k] for k in SCALARS}
     out["valid"] = float(summary["valid"])
+    target = (summary.get("config") or {}).get("target") or {}
+    out["simulated"] = float(target.get("kind") == "simulated")  # bench run --engine sim
     for key, value in (summary.get("telemetry") or {}).items():  # peak RSS, KV blocks, ...
         if isinstance(value, int | float) and key != "samples":
             out[f"telemetry.{key}"] = value

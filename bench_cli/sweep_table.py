@@ -43,7 +43,9 @@ def print_comparison(
         groups[tuple(row[a] for a in load_axes)].append(row)
     for load, members in groups.items():
         title = ", ".join(f"{a}={v}" for a, v in zip(load_axes, load, strict=True)) or "all"
-        table = Table(title=f"load: {title}", title_justify="left")
+        sims = [bool(m.get("simulated")) for m in members]
+        mark = " (SIMULATED)" if all(sims) else " (partly SIMULATED)" if any(sims) else ""
+        table = Table(title=f"load: {title}{mark}", title_justify="left")
         table.add_column(" ".join(settings) or "point", no_wrap=True)
         cols = [c for c in COLUMNS if any(m.get(c[1]) is not None for m in members)]
         for name, *_ in cols:

@@ -157,3 +157,13 @@ def _spec_rows(telemetry: dict[str, Any]) -> list[tuple[str, str]]:
             ),
         ),
     ]
+
+
+def sim_title(engine: dict[str, Any], model: str | None) -> str:
+    """What a simulated run ran on, in words: shown wherever its result is."""
+    sim = engine.get("sim") or {}
+    device = sim.get("device")
+    device_name = device.get("name") if isinstance(device, dict) else device or "local"
+    tp = engine.get("tensor_parallel_size", 1)
+    gpus = f"{tp} x {device_name}" if tp > 1 else device_name
+    return f"SIMULATED {model} on {gpus} ({sim.get('cost_model', '?')} step times)"

@@ -58,7 +58,7 @@ def calibration(cfg: RunConfig, config: EngineConfig, device: DeviceSpec) -> Cal
     if device.name != "local" or cfg.sim_cost_model == "roofline":
         return None
     assert cfg.model is not None
-    path = default_profile_path(cfg.model, cost_settings(config))
+    path = default_profile_path(cfg.model, cost_settings(config.to_dict()))
     if path is None or not Path(path).is_file():
         if cfg.sim_cost_model == "calibrated":
             raise ValueError(

@@ -14,7 +14,13 @@ from engine.engine import LLMEngine, cpu_has_native_bf16
 from engine.model.cost import matmul_params
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
-from engine.sim.step_time import DTYPE_BYTES, Calibrated, Roofline, StepTimeModel
+from engine.sim.step_time import (
+    COST_SETTINGS,
+    DTYPE_BYTES,
+    Calibrated,
+    Roofline,
+    StepTimeModel,
+)
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of a GPU's memory for weights + KV
 ACTIVATION_RESERVE = 2 * 2**30  # per GPU: activations, CUDA graphs, the allocator's slack
@@ -141,7 +147,7 @@ def step_model_for(
     if kind == "calibrated":
         if profile is None:
             raise ValueError("--sim-cost-model calibrated needs a profile (bench calibrate)")
-        profile.check_settings(cost_settings(config))
+        profile.check_settings(cost_settings(config.to_dict()))
         return profile
     if kind != "roofline":
         raise ValueError(f"sim cost model {kind!r}: expected calibrated or roofline")
@@ -150,13 +156,8 @@ def step_model_for(
     return Roofline(model, device, config.dtype, weights, kv, config.tensor_parallel_size)
 
 
-def cost_settings(config: EngineConfig) -> dict[str, Any]:
-    """The engine settings a calibration profile is bound to (step_time.COST_SETTINGS)."""
-    return {
-        "dtype": config.dtype,
-        "quantization": config.quantization,
-        "kv_cache_dtype": config.cache.kv_cache_dtype,
-        "tensor_parallel_size": config.tensor_parallel_size,
-        "enforce_eager": config.enforce_eager,
-        "attention_backend": config.attention_backend,
-    }
+def cost_settings(engine: dict[str, Any]) -> dict[str, Any]:
+    """The resolved engine settings (EngineConfig.to_dict(), as config.json records them) a
+    calibration profile is bound to (step_time.COST_SETTINGS)."""
+    flat = engine | engine.get("cache", {})
+    return {k: flat.get(k) for k in COST_SETTINGS}

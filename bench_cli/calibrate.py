@@ -1,0 +1,117 @@
+"""`bench calibrate`: fit a simulated engine's step times (engine/sim/step_time.py) to the
+steps a real engine logs on this machine, and save the profile `bench run --engine sim`
+then finds for this model and settings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from engine.sim.sim_engine import cost_settings
+from engine.sim.step_time import Calibrated, default_profile_path, fit, read_steps
+
+
+def run_calibration_load(
+    model: str, engine: dict[str, Any], out_dir: Path, num_requests: int | None, console: Console
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """profiles/calibrate.toml against the bundled engine (served, as `bench run` runs it):
+    its measured steps, and the resolved engine settings."""
+    from bench_cli.run_command import resolve_config, run_one
+    from loadgen.config import load_profile
+
+    flags = {"model": model, "out": str(out_dir), "num_requests": num_requests} | engine
+    cfg = resolve_config(load_profile("calibrate"), flags)
+    summary = run_one(cfg, out_dir, dashboard=False, console=console, report=False)
+    steps = measured_steps(out_dir / "steps.jsonl", summary.get("clock_t0"))
+    return steps, summary["config"]["engine"]
+
+
+def measured_steps(path: Path, clock_t0: float | None) -> list[dict[str, Any]]:
+    """A run's steps after its clock started: the test request and warm-up (first compiles,
+    cold caches) are left out."""
+    rows = read_steps(path)
+    return [r for r in rows if clock_t0 is None or r["t"] >= clock_t0]
+
+
+def steps_of_runs(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Steps of earlier runs (their folders or steps.jsonl files), which must share the
+    cost settings; each run's config.json says which."""
+    rows: list[dict[str, Any]] = []
+    settings: dict[str, Any] | None = None
+    engine: dict[str, Any] = {}
+    for given in paths:
+        path = Path(given)
+        folder = path if path.is_dir() else path.parent
+        steps = folder / "steps.jsonl" if path.is_dir() else path
+        config = json.loads((folder / "config.json").read_text())
+        engine = config.get("engine") or {}
+        if engine.get("simulated"):
+            raise ValueError(f"{given}: a simulated run; calibrate on a real one")
+        these = cost_settings(engine)
+        if settings is not None and these != settings:
+            raise ValueError(f"{given}: other engine settings ({these}) than {settings}")
+        settings = these
+        summary = folder / "summary.json"
+        t0 = json.loads(summary.read_text()).get("clock_t0") if summary.is_file() else None
+        rows += measured_steps(steps, t0)
+    return rows, engine
+
+
+def calibrate(
+    model: str,
+    engine_flags: dict[str, Any],
+    from_runs: list[str],
+    out: str | None,
+    num_requests: int | None,
+    console: Console,
+) -> int:
+    from bench_cli.export import run_dir
+
+    try:
+        if from_runs:
+            rows, engine = steps_of_runs(from_runs)
+            source = from_runs
+        else:
+            run = run_dir(None, "calibrate")
+            console.print(f"calibration load on the real engine ({escape(model)}): {run}/")
+            rows, engine = run_calibration_load(model, engine_flags, run, num_requests, console)
+            source = [str(run)]
+        settings = cost_settings(engine)
+        profile = fit(rows, model, "local", source=source)
+        profile.settings = settings
+        path = Path(out) if out else default_profile_path(model, settings)
+        if path is None:
+            raise ValueError("the cache is off (SERVEBENCH_CACHE_DIR=0): give --out")
+        profile.save(path)
+    except (ValueError, OSError, KeyError) as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        return 2
+    show(profile, console)
+    console.print(f"profile: {escape(str(path))}", highlight=False)
+    return 0
+
+
+def show(profile: Calibrated, console: Console) -> None:
+    table = Table(title=f"Calibrated step times: {profile.model_name} on this machine")
+    table.add_column("term")
+    table.add_column("value", justify="right")
+    rows = [
+        ("c0 (per step)", f"{profile.c0 * 1e3:.2f} ms"),
+        ("c_tok (per token above the knee)", f"{profile.c_tok * 1e3:.3f} ms"),
+        ("knee (tokens)", f"{profile.knee:g}"),
+        ("c_seq (per sequence)", f"{profile.c_seq * 1e3:.3f} ms"),
+        ("c_ctx (per decode context token)", f"{profile.c_ctx * 1e6:.3f} us"),
+        ("c_pair (per prefill attention pair)", f"{profile.c_pair * 1e9:.3f} ns"),
+        ("gap between steps", f"{profile.gap_s * 1e3:.2f} ms"),
+        ("steps fitted", str(profile.fit["steps"])),
+        ("mean |error| per step", f"{profile.fit['mean_abs_rel_err']:.1%}"),
+        ("p90 |error| per step", f"{profile.fit['p90_abs_rel_err']:.1%}"),
+    ]
+    for term, value in rows:
+        table.add_row(term, value)
+    console.print(table)

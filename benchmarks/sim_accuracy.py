@@ -1,0 +1,129 @@
+"""How close the simulated engine comes to the real one on this machine: calibrate on one
+run (`bench calibrate`), then run other loads (rates, batching, chunk size, prefix caching)
+on the real engine and on the simulation with the same seeds, and print the error of each
+metric. Real runs take minutes each: run it alone on a quiet machine.
+
+    python benchmarks/sim_accuracy.py [--profile PATH] [--num-requests 60] [--only NAME,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# name -> bench run flags (over the common load below); the calibration load is another one.
+SCENARIOS: dict[str, list[str]] = {
+    "poisson 0.5/s": ["--rate", "0.5"],
+    "poisson 1.5/s": ["--rate", "1.5"],
+    "poisson 3/s (saturated)": ["--rate", "3"],
+    "static batching 1/s": ["--rate", "1", "--batching", "static", "--max-num-seqs", "8"],
+    "chunk 128 tokens 1.5/s": ["--rate", "1.5", "--max-num-batched-tokens", "128"],
+    "shared prefix, cache on": [
+        "--rate", "1.5", "--shared-prefix-len", "384", "--num-prefix-groups", "2",
+    ],
+    "shared prefix, cache off": [
+        "--rate", "1.5", "--shared-prefix-len", "384", "--num-prefix-groups", "2",
+        "--no-enable-prefix-caching",
+    ],
+}  # fmt: skip
+COMMON = ["--input-len", "uniform:32:512", "--output-len", "uniform:16:96", "--seed", "11"]
+METRICS = [  # (label, summary key, stat)
+    ("TTFT mean", "ttft_s", "mean"),
+    ("TTFT p99", "ttft_s", "p99"),
+    ("TPOT p50", "tpot_s", "p50"),
+    ("TPOT p99", "tpot_s", "p99"),
+    ("ITL mean", "itl_s", "mean"),
+    ("E2E mean", "e2e_s", "mean"),
+    ("output tok/s", "output_throughput", None),
+]
+
+
+def bench(args: list[str], out: Path) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "bench_cli", "run", "--no-dashboard", "--out", str(out), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return json.loads((out / "summary.json").read_text())
+
+
+def value(summary: dict[str, Any], key: str, stat: str | None) -> float:
+    v = summary[key]
+    return float(v[stat] if stat else v)
+
+
+def e2e_by_request(folder: Path) -> dict[str, float]:
+    out = {}
+    for line in (folder / "requests.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if not r["warmup"] and r["status"] == "ok":
+            out[r["request_id"]] = r["end_s"] - r["send_s"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", help="a calibration profile (default: calibrate now)")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--num-requests", type=int, default=60)
+    ap.add_argument("--only", help="scenarios to run, comma-separated substrings")
+    ap.add_argument("--out", help="folder for the runs (default: a temporary one)")
+    args = ap.parse_args()
+    root = Path(args.out or tempfile.mkdtemp(prefix="sim-accuracy-"))
+    root.mkdir(parents=True, exist_ok=True)
+    profile = args.profile
+    if profile is None:
+        profile = str(root / "calibration.json")
+        cmd = [sys.executable, "-m", "bench_cli", "calibrate", "--model", args.model]
+        subprocess.run([*cmd, "--out", profile], check=True)
+    base = ["--model", args.model, "--num-requests", str(args.num_requests), "--warmup", "2"]
+    wanted = [s.strip() for s in (args.only or "").split(",") if s.strip()]
+    rows = []
+    for name, flags in SCENARIOS.items():
+        if wanted and not any(w in name for w in wanted):
+            continue
+        slug = "".join(c if c.isalnum() else "-" for c in name)
+        real_dir, sim_dir = root / f"{slug}-real", root / f"{slug}-sim"
+        real = bench([*base, *COMMON, *flags], real_dir)
+        sim = bench([*base, *COMMON, *flags, "--engine", "sim", "--sim-profile", profile], sim_dir)
+        errors = {}
+        for label, key, stat in METRICS:
+            r, s = value(real, key, stat), value(sim, key, stat)
+            errors[label] = (s - r) / r if r else float("nan")
+        real_e2e, sim_e2e = e2e_by_request(real_dir), e2e_by_request(sim_dir)
+        common = sorted(set(real_e2e) & set(sim_e2e))
+        per_req = [abs(sim_e2e[k] / real_e2e[k] - 1) for k in common]
+        errors["E2E per request (mean |err|)"] = float(np.mean(per_req)) if per_req else np.nan
+        rows.append((name, real, sim, errors))
+        print(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items()), flush=True)
+    print_table(rows)
+    print(f"runs: {root}")
+
+
+def print_table(rows: list[tuple[str, dict, dict, dict[str, float]]]) -> None:
+    labels = [m[0] for m in METRICS] + ["E2E per request (mean |err|)"]
+    print("\n| scenario | " + " | ".join(labels) + " |")
+    print("|---" * (len(labels) + 1) + "|")
+    for name, real, sim, errors in rows:
+        cells = []
+        for label, key, stat in METRICS:
+            r, s = value(real, key, stat), value(sim, key, stat)
+            scale = 1 if key == "output_throughput" else 1e3
+            cells.append(f"{r * scale:.0f} / {s * scale:.0f} ({errors[label]:+.0%})")
+        cells.append(f"{errors['E2E per request (mean |err|)']:.0%}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print("(real / simulated, ms or tok/s, (simulated - real) / real)")
+    for label in labels:
+        vals = [abs(e[label]) for *_, e in rows]
+        if vals:
+            print(f"  {label}: mean |error| {np.mean(vals):.1%}, worst {max(vals):.1%}")
+
+
+if __name__ == "__main__":
+    main()

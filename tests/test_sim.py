@@ -1,0 +1,294 @@
+"""The simulated engine (engine/sim, `bench run --engine sim`): the real scheduler's decisions
+step for step, a step-time model whose timing is known reproduced exactly by every metric,
+the roofline's arithmetic, calibration fits, virtual time, and what the CLI refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import itertools
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from bench_cli.run_command import execute
+from engine.config import EngineConfig
+from engine.core.request import SamplingParams
+from engine.engine import LLMEngine
+from engine.model.cost import StepShape, matmul_params
+from engine.sim.clock import VirtualClock
+from engine.sim.hardware import DEVICES
+from engine.sim.models import model_shape
+from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, weight_bytes
+from engine.sim.step_time import Calibrated, Efficiency, Roofline, fit
+from loadgen.virtual_loop import run_virtual
+
+
+@dataclasses.dataclass
+class FixedStep:
+    """A step-time model whose timing is known: every step takes `s` seconds."""
+
+    s: float = 0.01
+    name: str = "fixed"
+
+    def step_time(self, shape: StepShape) -> float:
+        return self.s
+
+    def describe(self) -> dict[str, Any]:
+        return {"cost_model": self.name, "step_s": self.s}
+
+
+def _requests(seed: int = 0) -> list[tuple[str, list[int], int]]:
+    rng = random.Random(seed)
+    return [
+        (f"r{i}", [rng.randrange(3, 500) for _ in range(rng.randint(5, 90))], rng.randint(1, 12))
+        for i in range(14)
+    ]
+
+
+def _shapes(engine: LLMEngine, requests: list[tuple[str, list[int], int]], path: Path) -> list:
+    engine.log_steps(path)
+    pending = list(requests)
+    for step in range(10_000):
+        if pending and step % 3 == 0:  # arrivals between steps
+            for rid, ids, out in pending[:2]:
+                engine.add_request(rid, ids, SamplingParams(max_tokens=out, ignore_eos=True))
+            pending = pending[2:]
+        if not pending and not engine.has_unfinished_requests():
+            break
+        engine.step()
+    engine.log_steps(None)
+    keys = ("prefill_tokens", "decode_tokens", "seqs", "running", "waiting", "kv_blocks_used",
+            "preempted", "cached_tokens", "decode_context_tokens")  # fmt: skip
+    return [tuple(row[k] for k in keys) for row in map(json.loads, path.read_text().splitlines())]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"max_num_seqs": 4, "max_num_batched_tokens": 64},  # chunks, a full batch
+        {"num_kv_blocks": 12, "max_num_batched_tokens": 128},  # preemption
+        {"batching": "static", "max_num_seqs": 3},
+    ],
+)
+def test_the_simulation_schedules_every_step_as_the_real_engine(
+    tmp_path: Path, settings: dict
+) -> None:
+    kwargs = {"max_model_len": 256, "enforce_eager": True, **settings}
+    real = LLMEngine(EngineConfig.from_kwargs("tiny-llama", **kwargs))
+    config = EngineConfig.from_kwargs("tiny-llama", **kwargs)
+    config.dtype, config.cache.kv_cache_dtype = real.config.dtype, real.config.dtype
+    sim = SimEngine(config, model_shape("tiny-llama"), FixedStep(), VirtualClock())
+    reqs = _requests()
+    real_steps = _shapes(real, reqs, tmp_path / "real.jsonl")
+    sim_steps = _shapes(sim, reqs, tmp_path / "sim.jsonl")
+    assert len(real_steps) > 20
+    assert sim_steps == real_steps
+    if "num_kv_blocks" in settings:
+        assert any(s[6] for s in real_steps), "the case meant to preempt did not"
+
+
+def test_virtual_time_jumps_to_each_timer_in_order() -> None:
+    clock = VirtualClock()
+    seen: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, s: float) -> None:
+        await asyncio.sleep(s)
+        seen.append((name, clock.now))
+
+    async def main() -> None:
+        await asyncio.gather(sleeper("hour", 3600), sleeper("ms", 0.001), sleeper("min", 60))
+
+    run_virtual(main(), clock)
+    assert seen == [("ms", 0.001), ("min", 60.0), ("hour", 3600.0)]
+
+
+SIM = {
+    "model": "tiny-llama",
+    "tokenizer": "smollm2-135m",
+    "engine_kind": "sim",
+    "sim_device": "h100",
+    "rate": 5.0,
+    "num_requests": 20,
+    "warmup": 1,
+    "input_len": "uniform:8:200",
+    "output_len": "uniform:2:20",
+    "seed": 3,
+}
+
+
+def sim_run(tmp_path: Path, **flags: Any) -> tuple[int, str, Path]:
+    out = tmp_path / "run"
+    buf = io.StringIO()
+    flags = {**SIM, "out": str(out), **flags}
+    rc = execute("default", flags, dashboard=True, console=Console(file=buf, width=150))
+    return rc, buf.getvalue(), out
+
+
+def test_known_step_times_come_out_exactly_in_every_metric(tmp_path: Path, monkeypatch) -> None:
+    """Steps of exactly 10 ms, requests far apart (each runs alone): TTFT is one step (the
+    prompt fits the budget), ITL and TPOT 10 ms, E2E output_len steps."""
+    import loadgen.sim_setup as setup
+
+    monkeypatch.setattr(setup, "step_model_for", lambda *a, **k: FixedStep(0.01))
+    rc, printed, out = sim_run(tmp_path, rate=0.5, num_requests=8)
+    assert rc == 0, printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 8
+    for key, stat in (("ttft_s", "min"), ("ttft_s", "max"), ("tpot_s", "p50"), ("itl_s", "max")):
+        values = summary[key]
+        assert values.get(stat, values["max"]) == pytest.approx(0.01, rel=1e-9), key
+    for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines()):
+        assert r["end_s"] - r["send_s"] == pytest.approx(0.01 * r["output_tokens"], rel=1e-9)
+    assert summary["schedule_lag_s"]["max"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_bench_run_engine_sim_is_marked_simulated_everywhere(tmp_path: Path) -> None:
+    rc, printed, out = sim_run(tmp_path)
+    assert rc == 0, printed
+    assert "SIMULATED tiny-llama on h100 (roofline step times)" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["target"]["kind"] == "simulated"
+    assert config["engine"]["simulated"] and config["engine"]["sim"]["cost_model"] == "roofline"
+    assert config["engine"]["sim"]["device"]["name"] == "h100"
+    assert config["device_peak"]["device"] == "simulated h100"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 20 and summary["failed"] == 0
+    html = (out / "report.html").read_text()
+    assert "SIMULATED" in html
+    steps = [json.loads(x) for x in (out / "steps.jsonl").read_text().splitlines()]
+    assert steps and all(s["dur_s"] > 0 for s in steps)
+
+
+def test_closed_loop_and_conversations_run_in_virtual_time(tmp_path: Path) -> None:
+    rc, printed, out = sim_run(tmp_path, rate=None, concurrency=3, turns="3", num_requests=4)
+    assert rc == 0, printed
+    records = [json.loads(x) for x in (out / "requests.jsonl").read_text().splitlines()]
+    measured = [r for r in records if not r["warmup"]]
+    assert len(measured) == 12 and all(r["status"] == "ok" for r in measured)
+    by_session: dict[int, list[dict]] = {}
+    for r in measured:
+        by_session.setdefault(r["session"], []).append(r)
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r["turn"])
+        for a, b in itertools.pairwise(turns):  # the reply is in the next prompt
+            assert b["prompt_tokens"] >= a["prompt_tokens"] + a["output_tokens"]
+            assert b["send_s"] >= a["end_s"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"engine_kind": "bundled"}, "simulation settings need --engine sim"),
+        ({"base_url": "http://127.0.0.1:9"}, "not with --base-url"),
+        ({"sim_device": "tpu"}, "sim device 'tpu'"),
+        ({"sim_cost_model": "magic"}, "--sim-cost-model 'magic'"),
+        ({"speculative_config": '{"method": "ngram"}'}, "not simulated yet"),
+        ({"model": "meta-llama/Llama-3.1-70B", "sim_device": "a100"}, "do not fit on 1 x a100"),
+    ],
+)
+def test_bad_simulation_settings_are_refused(tmp_path: Path, flags: dict, message: str) -> None:
+    rc, printed, _ = sim_run(tmp_path, **flags)
+    assert rc == 2 and message in " ".join(printed.split()), printed
+
+
+def test_roofline_arithmetic() -> None:
+    model = model_shape("meta-llama/Llama-3.1-8B")
+    eff = Efficiency(overhead_s=0.0)
+    h100 = Roofline(model, DEVICES["h100"], eff=eff)
+    decode = StepShape(0, 1, 1, 128, 128, 0, 1)
+    params = matmul_params(model)
+    head = model.hidden_size * model.vocab_size
+    kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 2
+    bw = 3350e9 * eff.memory
+    expected = (params * 2 + head * 2 + kv * 128 + kv) / bw
+    assert h100.step_time(decode) == pytest.approx(expected, rel=1e-9)
+    # H200: same compute, 4.8 / 3.35 the bandwidth: a decode step that much faster.
+    h200 = Roofline(model, DEVICES["h200"], eff=eff)
+    assert h100.step_time(decode) / h200.step_time(decode) == pytest.approx(4.8 / 3.35)
+    # A 4096-token prefill chunk is compute-bound: 2 FLOPs a weight a token, at 70 % of peak.
+    prefill = StepShape(4096, 0, 1, 4096, 0, 4096 * 4097 // 2, 1)
+    linears = 2 * params * 4096 / (989e12 * eff.compute)
+    assert h100.step_time(prefill) > linears
+    assert h100.step_time(prefill) < 1.5 * linears
+    # fp8 weights: half the bytes (decode), twice the peak (prefill) on H100; A100 has no fp8.
+    fp8 = Roofline(model, DEVICES["h100"], weight_dtype="fp8", eff=eff)
+    assert fp8.step_time(decode) < 0.6 * h100.step_time(decode)
+    assert fp8.step_time(prefill) < 0.7 * h100.step_time(prefill)
+    a100 = Roofline(model, DEVICES["a100"], eff=eff)
+    a100_fp8 = Roofline(model, DEVICES["a100"], weight_dtype="fp8", eff=eff)
+    assert a100_fp8.step_time(prefill) == pytest.approx(a100.step_time(prefill), rel=0.05)
+    # TP=4: a quarter of the weights per rank, plus two all-reduces a layer.
+    big = model_shape("meta-llama/Llama-3.1-70B")
+    one, four = (Roofline(big, DEVICES["h200"], tp=t, eff=eff) for t in (1, 4))
+    assert 0.25 < four.step_time(decode) / one.step_time(decode) < 0.35
+
+
+def test_gpu_kv_cache_is_what_vllm_would_take() -> None:
+    model = model_shape("meta-llama/Llama-3.1-70B")
+    config = EngineConfig.from_kwargs("meta-llama/Llama-3.1-70B", tensor_parallel_size=4)
+    config.dtype = config.cache.kv_cache_dtype = "bfloat16"
+    size_gpu_kv_cache(config, model, DEVICES["h200"])
+    weights = weight_bytes(model, config)
+    assert 139e9 < weights < 143e9  # 70.6 B parameters in bf16
+    free = 0.9 * 141e9 * 4 - weights - 4 * 2 * 2**30
+    assert config.cache.kv_cache_memory_gb == pytest.approx(free / 2**30, abs=0.01)
+
+
+def _rows(model: Calibrated, n: int = 300, seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    rows, t = [], 0.0
+    for _ in range(n):
+        seqs = int(rng.integers(1, 40))
+        prefill = int(rng.integers(0, 600)) if rng.random() < 0.4 else 0
+        ctx = int(rng.integers(10, 400)) * seqs
+        pairs = prefill * int(rng.integers(0, 300)) + prefill * (prefill + 1) // 2
+        shape = StepShape(prefill, seqs, seqs + (prefill > 0), ctx, ctx, pairs, seqs)
+        dur = model.step_time(shape) - model.gap_s
+        rows.append({"t": t, "dur_s": dur, "running": 1, **shape.as_dict()})
+        t += dur + model.gap_s
+    return rows
+
+
+def test_calibration_recovers_a_known_step_time_model() -> None:
+    truth = Calibrated(0.030, 0.0012, 16.0, 0.002, 1e-6, 2e-9, gap_s=0.003)
+    got = fit(_rows(truth))
+    assert got.knee == 16.0
+    for name in ("c0", "c_tok", "c_seq", "c_ctx", "c_pair", "gap_s"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    assert got.fit["mean_abs_rel_err"] < 1e-6
+
+
+def test_calibration_profile_round_trips_and_guards_its_settings(tmp_path: Path) -> None:
+    truth = Calibrated(0.03, 0.001, 8.0, 0.002, 1e-6, 1e-9, settings={"dtype": "float32"})
+    path = truth.save(tmp_path / "p.json")
+    assert Calibrated.load(path) == truth
+    truth.check_settings({"dtype": "float32"})
+    with pytest.raises(ValueError, match="dtype='bfloat16' \\(calibrated with 'float32'\\)"):
+        truth.check_settings({"dtype": "bfloat16"})
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="calibration profile"):
+        Calibrated.load(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="too few"):
+        fit(_rows(truth, n=5))
+
+
+def test_model_shapes_from_builtins_and_config_json(tmp_path: Path) -> None:
+    big = model_shape("meta-llama/Llama-3.1-70B")
+    assert (big.num_layers, big.hidden_size, big.num_kv_heads) == (80, 8192, 8)
+    hf = {
+        "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+        "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "rope_scaling": {"rope_type": "llama3"},
+    }  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    for name in (str(tmp_path), str(tmp_path / "config.json")):
+        shape = model_shape(name)
+        assert (shape.num_layers, shape.head_dim, shape.num_kv_heads) == (4, 32, 2)
+    assert model_shape("smollm2-135m").num_layers == 30  # GGUF metadata, no weights read
