@@ -97,21 +97,32 @@ def calibrate(
 
 
 def show(profile: Calibrated, console: Console) -> None:
+    fit = profile.fit
     table = Table(title=f"Calibrated step times: {profile.model_name} on this machine")
     table.add_column("term")
-    table.add_column("value", justify="right")
+    for kind in ("decode-only steps", "steps with prefill"):
+        table.add_column(kind, justify="right")
+    terms = (profile.decode, profile.prefill)
     rows = [
-        ("c0 (per step)", f"{profile.c0 * 1e3:.2f} ms"),
-        ("c_tok (per token above the knee)", f"{profile.c_tok * 1e3:.3f} ms"),
-        ("knee (tokens)", f"{profile.knee:g}"),
-        ("c_seq (per sequence)", f"{profile.c_seq * 1e3:.3f} ms"),
-        ("c_ctx (per decode context token)", f"{profile.c_ctx * 1e6:.3f} us"),
-        ("c_pair (per prefill attention pair)", f"{profile.c_pair * 1e9:.3f} ns"),
-        ("gap between steps", f"{profile.gap_s * 1e3:.2f} ms"),
-        ("steps fitted", str(profile.fit["steps"])),
-        ("mean |error| per step", f"{profile.fit['mean_abs_rel_err']:.1%}"),
-        ("p90 |error| per step", f"{profile.fit['p90_abs_rel_err']:.1%}"),
-    ]
-    for term, value in rows:
-        table.add_row(term, value)
+        ("c0 (per step)", [f"{t.c0 * 1e3:.2f} ms" for t in terms]),
+        ("c_tok (per token above the knee)", [f"{t.c_tok * 1e3:.3f} ms" for t in terms]),
+        ("knee (tokens)", [f"{t.knee:g}" for t in terms]),
+        ("c_seq (per sequence)", [f"{t.c_seq * 1e3:.3f} ms" for t in terms]),
+        ("c_ctx (per decode context token)", [f"{t.c_ctx * 1e6:.3f} us" for t in terms]),
+        ("c_pair (per prefill attention pair)", [f"{t.c_pair * 1e9:.3f} ns" for t in terms]),
+        ("steps fitted", [str(fit["steps"] - fit["prefill_steps"]), str(fit["prefill_steps"])]),
+        ("mean |error| per step", [_pct(fit["decode_mean_abs_rel_err"]),
+                                   _pct(fit["prefill_mean_abs_rel_err"])]),
+    ]  # fmt: skip
+    for term, values in rows:
+        table.add_row(term, *values)
     console.print(table)
+    console.print(
+        f"gap between steps {profile.gap_s * 1e3:.2f} ms; all steps: mean |error| "
+        f"{fit['mean_abs_rel_err']:.1%}, p90 {fit['p90_abs_rel_err']:.1%}",
+        highlight=False,
+    )
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"

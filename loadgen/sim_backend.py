@@ -34,6 +34,7 @@ class SimBackend:
     loop directly: no per-token wake-ups, so an hour of traffic takes seconds."""
 
     name = "sim"
+    fast_forward = True  # decode stretches at once (False: every step in turn; same result)
 
     def __init__(
         self,
@@ -84,10 +85,15 @@ class SimBackend:
                 await self._task
 
     def _ids(self, spec: RequestSpec) -> list[int]:
+        """The prompt's tokens by the run's tokenizer (prefix caching sees what a server
+        would), folded into the simulated model's vocabulary where it is smaller."""
         tok = self.tokenizer
         if self.chat and getattr(tok, "chat_template", None):
-            return tok.encode_chat(spec.messages())
-        return tok.encode(spec.text())
+            ids = tok.encode_chat(spec.messages())
+        else:
+            ids = tok.encode(spec.text())
+        vocab = self.engine.model_config.vocab_size
+        return ids if max(ids, default=0) < vocab else [i % vocab for i in ids]
 
     async def send(self, spec: RequestSpec, rec: RequestRecord, t0: float) -> None:
         assert self._wake is not None, "start() the backend first"
@@ -111,6 +117,11 @@ class SimBackend:
             engine.abort_request(rec.request_id)
             rec.status, rec.error = "cancelled", "the run was stopped"
             rec.end_s = self.clock.now - t0
+            while rec.chunk_s and rec.chunk_s[-1] > rec.end_s:  # a stretch's future tokens
+                rec.chunk_s.pop()
+                rec.chunk_tokens.pop()
+                if rec.chunk_choice:
+                    rec.chunk_choice.pop()
             if rec.chunk_s:
                 rec.first_chunk_s = rec.chunk_s[0]
                 rec.output_tokens, rec.output_tokens_source = sum(rec.chunk_tokens), "engine"
@@ -140,20 +151,61 @@ class SimBackend:
                 await wake.wait()
                 continue
             await asyncio.sleep(engine.last_step_s)
-            now = self.clock.now
-            for out in outputs:
-                pending = self._pending.get(out.request_id)
-                if pending is None:
-                    continue
-                rec = pending.rec
-                if out.new_token_ids:
-                    rec.chunk_s.append(now - pending.t0)
-                    rec.chunk_tokens.append(len(out.new_token_ids))
-                    if rec.n > 1:
-                        rec.chunk_choice.append(out.outputs[0].index)
-                if out.finished:
-                    self._finish(rec, out, now - pending.t0)
-                    pending.done.set_result(None)
+            self._deliver(outputs)
+            if self.fast_forward:
+                await self._decode_stretch()
+
+    async def _decode_stretch(self) -> None:
+        """Decode-only steps nothing can change, taken at once (SimEngine.decode_stretch):
+        each running request gets a token stamped at each step's end."""
+        loop = asyncio.get_running_loop()
+        next_event = getattr(loop, "next_event", None)
+        if next_event is None:  # not on the virtual-time loop: step by step
+            return
+        running = list(self.engine.scheduler.running)
+        ends = self.engine.decode_stretch(next_event())
+        if not ends:
+            return
+        k = len(ends)
+        by_t0: dict[float, list[float]] = {}
+        children: dict[str, list[int]] = {}  # n > 1: a record's running completions
+        for req in running:
+            pending = self._pending.get(req.parent_id)
+            if pending is None:
+                continue
+            rec, t0 = pending.rec, pending.t0
+            if rec.n > 1:
+                children.setdefault(req.parent_id, []).append(req.index)
+                continue
+            stamps = by_t0.get(t0)
+            if stamps is None:
+                stamps = by_t0[t0] = [t - t0 for t in ends]
+            rec.chunk_s += stamps
+            rec.chunk_tokens += [1] * k
+        for parent, indices in children.items():  # step by step, as their outputs come
+            pending = self._pending[parent]
+            rec, c = pending.rec, len(indices)
+            rec.chunk_s += [t - pending.t0 for t in ends for _ in range(c)]
+            rec.chunk_tokens += [1] * (k * c)
+            rec.chunk_choice += indices * k
+        await asyncio.sleep(ends[-1] - self.clock.now)
+
+    def _deliver(self, outputs: list[Any]) -> None:
+        """A step's outputs, stamped at its end (now)."""
+        now = self.clock.now
+        for out in outputs:
+            pending = self._pending.get(out.request_id)
+            if pending is None:
+                continue
+            rec = pending.rec
+            if out.new_token_ids:
+                rec.chunk_s.append(now - pending.t0)
+                rec.chunk_tokens.append(len(out.new_token_ids))
+                if rec.n > 1:
+                    rec.chunk_choice.append(out.outputs[0].index)
+            if out.finished:
+                self._finish(rec, out, now - pending.t0)
+                pending.done.set_result(None)
 
     def _finish(self, rec: RequestRecord, out: Any, end_s: float) -> None:
         rec.end_s = end_s

@@ -37,6 +37,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.clock.now
 
+    def next_event(self) -> float:
+        """When anything else can next happen on this loop: now if a callback is ready,
+        else its earliest timer (inf: none)."""
+        if self._ready:  # type: ignore[attr-defined]
+            return self.clock.now
+        timers = (h.when() for h in self._scheduled if not h.cancelled())  # type: ignore[attr-defined]
+        return min(timers, default=float("inf"))
+
 
 def run_virtual(main: Any, clock: VirtualClock) -> Any:
     """asyncio.run on a loop whose time is `clock`."""

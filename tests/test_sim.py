@@ -26,7 +26,7 @@ from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DEVICES
 from engine.sim.models import model_shape
 from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, weight_bytes
-from engine.sim.step_time import Calibrated, Efficiency, Roofline, fit
+from engine.sim.step_time import Calibrated, Efficiency, Roofline, Terms, fit
 from loadgen.virtual_loop import run_virtual
 
 
@@ -257,16 +257,22 @@ def _rows(model: Calibrated, n: int = 300, seed: int = 0) -> list[dict[str, Any]
 
 
 def test_calibration_recovers_a_known_step_time_model() -> None:
-    truth = Calibrated(0.030, 0.0012, 16.0, 0.002, 1e-6, 2e-9, gap_s=0.003)
+    decode = Terms(0.030, 0.0012, 16.0, 0.002, 1e-6, 0.0)
+    prefill = Terms(0.05, 0.002, 1.0, 0.0, 0.0, 2e-9)
+    truth = Calibrated(decode, prefill, gap_s=0.003)
     got = fit(_rows(truth))
-    assert got.knee == 16.0
-    for name in ("c0", "c_tok", "c_seq", "c_ctx", "c_pair", "gap_s"):
-        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=1e-3), name
+    assert got.gap_s == pytest.approx(truth.gap_s, rel=1e-6)
+    for kind in ("decode", "prefill"):
+        want, have = getattr(truth, kind), getattr(got, kind)
+        assert have.knee == want.knee or have.c_tok == pytest.approx(want.c_tok, rel=1e-3)
+        for name in ("c0", "c_tok", "c_seq", "c_ctx", "c_pair"):
+            assert getattr(have, name) == pytest.approx(getattr(want, name), rel=1e-3, abs=1e-12)
     assert got.fit["mean_abs_rel_err"] < 1e-6
 
 
 def test_calibration_profile_round_trips_and_guards_its_settings(tmp_path: Path) -> None:
-    truth = Calibrated(0.03, 0.001, 8.0, 0.002, 1e-6, 1e-9, settings={"dtype": "float32"})
+    terms = Terms(0.03, 0.001, 8.0, 0.002, 1e-6, 1e-9)
+    truth = Calibrated(terms, terms, settings={"dtype": "float32"})
     path = truth.save(tmp_path / "p.json")
     assert Calibrated.load(path) == truth
     truth.check_settings({"dtype": "float32"})
@@ -292,3 +298,50 @@ def test_model_shapes_from_builtins_and_config_json(tmp_path: Path) -> None:
         shape = model_shape(name)
         assert (shape.num_layers, shape.head_dim, shape.num_kv_heads) == (4, 32, 2)
     assert model_shape("smollm2-135m").num_layers == 30  # GGUF metadata, no weights read
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _same(a: Any, b: Any, where: str) -> None:
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, rel=1e-9, abs=1e-12), where
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _same(x, y, f"{where}[{i}]")
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"rate": 3.0, "shared_prefix_len": 40, "max_num_seqs": 4},  # a full batch, a queue
+        {"rate": None, "concurrency": 5, "num_kv_blocks": 40},  # closed loop, tight pool
+        {"batching": "static", "max_num_seqs": 3, "rate": 8.0},
+        {"n": 3, "rate": 2.0},
+    ],
+)
+def test_decode_stretches_give_what_every_step_in_turn_gives(
+    tmp_path: Path, monkeypatch, flags: dict
+) -> None:
+    """The fast path (SimEngine.decode_stretch) changes nothing but the simulation's speed:
+    every record's token stamps and every step log line as stepping one step at a time."""
+    from loadgen.sim_backend import SimBackend
+
+    flags = {"output_len": "uniform:20:70", "max_model_len": 512, **flags}
+    rc, printed, fast = sim_run(tmp_path / "fast", **flags)
+    assert rc == 0, printed
+    monkeypatch.setattr(SimBackend, "fast_forward", False)
+    rc, printed, slow = sim_run(tmp_path / "slow", **flags)
+    assert rc == 0, printed
+    slow_steps, fast_steps = _lines(slow / "steps.jsonl"), _lines(fast / "steps.jsonl")
+    assert len(slow_steps) > 100
+    _same(fast_steps, slow_steps, "steps")
+    _same(_lines(fast / "requests.jsonl"), _lines(slow / "requests.jsonl"), "requests")

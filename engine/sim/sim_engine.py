@@ -4,14 +4,17 @@ nothing and says how long the step would have taken."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+from collections import defaultdict
 from typing import Any
 
 from engine.config import EngineConfig, ModelConfig
-from engine.core.request import Request
+from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import SchedulerOutput
 from engine.engine import LLMEngine, cpu_has_native_bf16
-from engine.model.cost import matmul_params
+from engine.model.cost import StepShape, matmul_params
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.step_time import (
@@ -92,8 +95,102 @@ class SimEngine(LLMEngine):
     def _step_started(self) -> float:
         return self.clock.now
 
+    def decode_stretch(self, deadline: float) -> list[float]:
+        """Run, at once, the decode-only steps nothing could change: every running request
+        decodes, nobody waits, nobody finishes, and the pool has the blocks they grow into,
+        so the scheduler would give each request one token a step. Stops before the first
+        step that starts at or after `deadline` (the next arrival or timer of the load).
+        State, block allocations (in the scheduler's order), prefix-cache hashes, counters
+        and step log lines end as step() would leave them; returns the steps' end times.
+        The speed of a simulated hour: 20x fewer Python operations per decode token."""
+        sched, kv, cfg = self.scheduler, self.kv, self.config.scheduler
+        running = sched.running
+        budget = cfg.max_num_batched_tokens or 0
+        if sched.batch_waiting or self._held or not 0 < len(running) <= budget:
+            return []
+        # Waiting requests stay waiting only where no seat can free up without a finish: a
+        # static batch runs to its end; a full continuous batch (fcfs: nobody preempted).
+        seated = cfg.batching == "static" or (
+            cfg.scheduling_policy == "fcfs" and len(running) >= cfg.max_num_seqs
+        )
+        if sched.waiting and not seated:
+            return []
+        left = math.inf
+        for r in running:
+            if r.status is not RequestStatus.RUNNING or r.num_computed_tokens != r.num_tokens - 1:
+                return []
+            left = min(left, r.params.max_tokens - r.num_output_tokens)
+            left = min(left, self.max_model_len - r.num_tokens)
+        k_max = int(left) - 1  # a request with `left` tokens to go finishes in step `left`
+        t, n = self.clock.now, len(running)
+        if k_max < 2 or t >= deadline:
+            return []
+        bs, tables = kv.block_size, kv.block_tables
+        grows: dict[int, list[Request]] = defaultdict(list)  # step -> who needs a block
+        fills: dict[int, list[Request]] = defaultdict(list)  # step -> who fills one
+        starts = [r.num_computed_tokens for r in running]
+        for r, c in zip(running, starts, strict=True):
+            for j in range(len(tables[r.request_id]) * bs - c, k_max, bs):
+                grows[j].append(r)
+            if kv.enable_prefix_caching:
+                for j in range((bs - (c + 1) % bs) % bs, k_max, bs):
+                    fills[j].append(r)
+            r.token_ids.extend(itertools.repeat(self.runner.token_id, k_max))
+        context = sum(starts)
+        log = self._step_log
+        cost0 = cost1 = {}
+        if log is not None:  # affine in the step: two exact ones give all of them
+            cost0, cost1 = (self._step_cost(_decode_chunks(n, context + j * n), n) for j in (0, 1))
+        ends: list[float] = []
+        step_time = self.runner.step_model.step_time  # type: ignore[attr-defined]
+        for j in range(k_max):
+            if t >= deadline or len(grows.get(j, ())) > kv.pool.num_free:
+                break
+            for r, c in ((r, r.num_computed_tokens) for r in grows.get(j, ())):
+                kv.allocate_slots(r.request_id, c + j + 1)
+            keys = context + j * n + n  # each request's computed tokens and its new one
+            dur = step_time(StepShape(0, n, n, keys, keys, 0, n))
+            for r in fills.get(j, ()):
+                kv.cache_computed(r.request_id, r.token_ids, r.num_computed_tokens + j + 1)
+            if log is not None:
+                line = {
+                    "t": t,
+                    "dur_s": dur,
+                    **StepShape(0, n, n, keys, keys, 0, n).as_dict(),
+                    "running": n,
+                    "waiting": sched.num_waiting,
+                    "kv_blocks_used": kv.num_used_blocks,
+                    "preempted": 0,
+                    "cached_tokens": 0,
+                    "prefix_cache_hit_rate": self._hit_rate(),
+                    "kv_tokens": keys,
+                    "queue_s": [],
+                    "draft_tokens": 0,
+                    "accepted_tokens": 0,
+                    "allreduce_s": 0.0,
+                    **{k: v + j * (cost1[k] - v) for k, v in cost0.items()},
+                }
+                log.write(json.dumps(line) + "\n")
+            t += dur
+            ends.append(t)
+        k = len(ends)
+        for r in running:
+            del r.token_ids[r.num_tokens - k_max + k :]
+            r.num_computed_tokens += k
+        if k:
+            self._counters["steps"] += k
+            self._counters["generation_tokens"] += n * k
+            self._last_step = {"num_tokens": n, "num_seqs": n, "time_s": dur}
+            self.runner.busy_s += t - self.clock.now  # type: ignore[attr-defined]
+        return ends
+
     def _step_time(self, t0: float) -> float:
         return self.last_step_s
+
+
+def _decode_chunks(n: int, keys: int) -> list[tuple[int, int]]:
+    """n one-token chunks whose cached contexts sum to `keys` (what step_cost sums)."""
+    return [(0, 1)] * (n - 1) + [(keys, 1)]
 
 
 def weight_bytes(model: ModelConfig, config: EngineConfig, bf16: bool = False) -> int:

@@ -111,6 +111,7 @@ class Roofline:
 # Settings that change what one step costs: a profile is valid only for the ones it was
 # measured with. The scheduler's settings (batching, chunk size, max_num_seqs, prefix caching)
 # change which steps run, not what each costs: those are what a simulation predicts across.
+FORMAT = 2  # of a saved profile
 COST_SETTINGS = (
     "dtype",
     "quantization",
@@ -119,22 +120,20 @@ COST_SETTINGS = (
     "enforce_eager",
     "attention_backend",
 )
-FEATURES = ("tokens_or_knee", "seqs", "decode_context_tokens", "prefill_attention_pairs")
 FORM = (
     "t = c0 + c_tok * max(knee, tokens) + c_seq * seqs + c_ctx * decode_context_tokens "
-    "+ c_pair * prefill_attention_pairs + gap_s"
+    "+ c_pair * prefill_attention_pairs, one set for decode-only steps and one for steps with "
+    "prefill; + gap_s"
 )
 
 
 @dataclass(slots=True)
-class Calibrated:
+class Terms:
     """A roofline in a fitted form. Below `knee` tokens a step streams every weight once
     and costs the same whatever its width (memory-bound); above it, each token adds its
     matmul time (compute-bound): max(knee, tokens). Per sequence: its LM head row, metadata
     and sampling. Decodes read their whole KV (decode context); prefill chunks compute
-    their attention pairs. `gap_s`: the median time between a step's end and the next
-    one's start while requests run (scheduling, outputs, the server's loop). Coefficients
-    are non-negative, fitted on relative error (steps span milliseconds to seconds)."""
+    their attention pairs."""
 
     c0: float
     c_tok: float
@@ -142,6 +141,28 @@ class Calibrated:
     c_seq: float
     c_ctx: float
     c_pair: float
+
+    def time(self, shape: StepShape) -> float:
+        return (
+            self.c0
+            + self.c_tok * max(self.knee, shape.tokens)
+            + self.c_seq * shape.seqs
+            + self.c_ctx * shape.decode_context_tokens
+            + self.c_pair * shape.prefill_attention_pairs
+        )
+
+
+@dataclass(slots=True)
+class Calibrated:
+    """Step times fitted to a real engine's steps: `decode` terms for decode-only steps,
+    `prefill` terms for steps with a prefill chunk (on CPU they run different compiled
+    graphs; on any device, different attention kernels), and `gap_s`, the median time between
+    a step's end and the next one's start while requests run (scheduling, outputs, the
+    server's loop). Coefficients are non-negative, fitted on relative error (steps span
+    milliseconds to seconds)."""
+
+    decode: Terms
+    prefill: Terms
     gap_s: float = 0.0
     model_name: str = ""
     device: str = "local"
@@ -150,14 +171,8 @@ class Calibrated:
     name: str = "calibrated"
 
     def step_time(self, shape: StepShape) -> float:
-        return (
-            self.c0
-            + self.c_tok * max(self.knee, shape.tokens)
-            + self.c_seq * shape.seqs
-            + self.c_ctx * shape.decode_context_tokens
-            + self.c_pair * shape.prefill_attention_pairs
-            + self.gap_s
-        )
+        terms = self.prefill if shape.prefill_tokens else self.decode
+        return terms.time(shape) + self.gap_s
 
     def describe(self) -> dict[str, Any]:
         return {"cost_model": self.name, "form": FORM, **self.to_dict()}
@@ -165,7 +180,7 @@ class Calibrated:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("name")
-        return {"format": 1, **d}
+        return {"format": FORMAT, **d}
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -177,9 +192,9 @@ class Calibrated:
     def load(cls, path: str | Path) -> Calibrated:
         try:
             d = json.loads(Path(path).read_text())
-            if d.pop("format", None) != 1:
-                raise ValueError("unknown format")
-            return cls(**d)
+            if d.pop("format", None) != FORMAT:
+                raise ValueError("made by another version: run bench calibrate again")
+            return cls(Terms(**d.pop("decode")), Terms(**d.pop("prefill")), **d)
         except (OSError, ValueError, TypeError) as e:
             raise ValueError(f"calibration profile {path}: {e}") from None
 
@@ -227,10 +242,30 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
+def _fit_terms(shapes: list[StepShape], y: np.ndarray) -> tuple[Terms, float]:
+    """The best knee (powers of two) and non-negative coefficients on relative error."""
+    tokens = np.array([s.tokens for s in shapes], dtype=float)
+    rest = np.array(
+        [[s.seqs, s.decode_context_tokens, s.prefill_attention_pairs] for s in shapes], float
+    )
+    best: tuple[float, float, np.ndarray] | None = None
+    for knee in [2.0**k for k in range(12)]:
+        x = np.column_stack([np.ones(len(y)), np.maximum(knee, tokens), rest])
+        coef = _nnls(x / y[:, None], np.ones(len(y)))
+        err = float(np.mean(np.abs(x @ coef / y - 1)))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, knee, coef)
+    assert best is not None
+    err, knee, c = best
+    return Terms(float(c[0]), float(c[1]), knee, float(c[2]), float(c[3]), float(c[4])), err
+
+
 def fit(
     rows: Iterable[dict[str, Any]], model_name: str = "", device: str = "local", **meta: Any
 ) -> Calibrated:
-    """Fit the calibrated form to steps.jsonl lines (of one engine's settings)."""
+    """Fit the calibrated form to steps.jsonl lines (of one engine's settings): decode-only
+    steps and steps with prefill apart (a kind with too few steps shares the other's fit
+    over all steps)."""
     rows = [r for r in rows if r.get("dur_s") is not None and r.get("seqs")]
     missing = [f for f in StepShape.__slots__ if rows and f not in rows[0]]  # type: ignore[attr-defined]
     if missing:
@@ -239,37 +274,29 @@ def fit(
         raise ValueError(f"{len(rows)} steps are too few to calibrate on (need >= 20)")
     shapes = [shape_of(r) for r in rows]
     y = np.array([r["dur_s"] for r in rows])
-    tokens = np.array([s.tokens for s in shapes], dtype=float)
-    rest = np.array(
-        [[s.seqs, s.decode_context_tokens, s.prefill_attention_pairs] for s in shapes], float
-    )
-    best: tuple[float, float, np.ndarray] | None = None
-    for knee in sorted({1.0, *(2.0**k for k in range(1, 12))}):
-        x = np.column_stack([np.ones(len(y)), np.maximum(knee, tokens), rest])
-        coef = _nnls(x / y[:, None], np.ones(len(y)))  # relative error
-        err = float(np.mean(np.abs(x @ coef / y - 1)))
-        if best is None or err < best[0]:
-            best = (err, knee, coef)
-    assert best is not None
-    err, knee, coef = best
+    prefill = np.array([s.prefill_tokens > 0 for s in shapes])
+    both, _ = _fit_terms(shapes, y)
+    terms = {}
+    for kind, mask in (("decode", ~prefill), ("prefill", prefill)):
+        if mask.sum() >= 10:
+            kept = [s for s, m in zip(shapes, mask, strict=True) if m]
+            terms[kind], _ = _fit_terms(kept, y[mask])
+        else:
+            terms[kind] = both
     gaps = busy_gaps(rows)
     model = Calibrated(
-        c0=float(coef[0]),
-        c_tok=float(coef[1]),
-        knee=knee,
-        c_seq=float(coef[2]),
-        c_ctx=float(coef[3]),
-        c_pair=float(coef[4]),
-        gap_s=float(np.median(gaps)) if gaps else 0.0,
-        model_name=model_name,
-        device=device,
-    )
+        terms["decode"], terms["prefill"], float(np.median(gaps)) if gaps else 0.0,
+        model_name, device,
+    )  # fmt: skip
     pred = np.array([model.step_time(s) - model.gap_s for s in shapes])
     rel = np.abs(pred / y - 1)
     model.fit = {
         "steps": len(rows),
+        "prefill_steps": int(prefill.sum()),
         "mean_abs_rel_err": float(rel.mean()),
         "p90_abs_rel_err": float(np.quantile(rel, 0.9)),
+        "decode_mean_abs_rel_err": float(rel[~prefill].mean()) if (~prefill).any() else None,
+        "prefill_mean_abs_rel_err": float(rel[prefill].mean()) if prefill.any() else None,
         "busy_gaps": len(gaps),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         **meta,
