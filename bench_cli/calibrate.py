@@ -19,16 +19,23 @@ from engine.sim.step_time import Calibrated, default_profile_path, fit, read_ste
 def run_calibration_load(
     model: str, engine: dict[str, Any], out_dir: Path, num_requests: int | None, console: Console
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """profiles/calibrate.toml against the bundled engine (served, as `bench run` runs it):
-    its measured steps, and the resolved engine settings."""
+    """profiles/calibrate.toml's phases against the bundled engine (served, as `bench run`
+    runs it), a run each: their measured steps, and the resolved engine settings."""
     from bench_cli.run_command import resolve_config, run_one
     from loadgen.config import load_profile
 
-    flags = {"model": model, "out": str(out_dir), "num_requests": num_requests} | engine
-    cfg = resolve_config(load_profile("calibrate"), flags)
-    summary = run_one(cfg, out_dir, dashboard=False, console=console, report=False)
-    steps = measured_steps(out_dir / "steps.jsonl", summary.get("clock_t0"))
-    return steps, summary["config"]["engine"]
+    profile = load_profile("calibrate")
+    phases = profile.pop("phase", None) or [{}]
+    steps: list[dict[str, Any]] = []
+    config: dict[str, Any] = {}
+    for i, phase in enumerate(phases, 1):
+        out = out_dir / f"phase{i}"
+        flags = {"model": model, "out": str(out), "num_requests": num_requests} | engine
+        cfg = resolve_config(profile | phase, flags)
+        summary = run_one(cfg, out, dashboard=False, console=console, report=False)
+        steps += measured_steps(out / "steps.jsonl", summary.get("clock_t0"))
+        config = summary["config"]["engine"]
+    return steps, config
 
 
 def measured_steps(path: Path, clock_t0: float | None) -> list[dict[str, Any]]:

@@ -123,8 +123,10 @@ class KVCacheManager:
     ) -> bool:
         """Make the request's table cover `num_tokens` tokens, starting a new table with the
         cache-hit blocks `computed`; False (and no change) if the pool is short."""
-        computed = computed or []
         table = self.block_tables.get(request_id)
+        if table is not None and -(-num_tokens // self.block_size) <= len(table):
+            return True  # covered already (most calls: a decode inside its last block)
+        computed = computed or []
         assert not (computed and table), "cache hits start a table"
         if table is None:  # max_len: the whole reservation now, never a block later
             num_tokens = max(num_tokens, self.reserve_tokens)

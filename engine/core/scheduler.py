@@ -35,9 +35,16 @@ class SchedulerOutput:
     num_spec: dict[str, int] = field(default_factory=dict)
     _shape: StepShape | None = None  # shape(), once computed
 
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
+    num_batched_tokens: int = 0  # the scheduled tokens' sum (kept by `add`, `drop`)
+
+    def add(self, req: Request, n: int) -> None:
+        self.scheduled.append((req, n))
+        self.num_batched_tokens += n
+
+    def drop(self, req: Request) -> None:
+        """Take back what a preempted request was given this step."""
+        self.scheduled = [(r, n) for r, n in self.scheduled if r is not req]
+        self.num_batched_tokens = sum(n for _, n in self.scheduled)
 
     @property
     def is_empty(self) -> bool:
@@ -150,7 +157,7 @@ class Scheduler:
             n = self._num_new_tokens(req, budget)
             spec = self._spec_tokens(req, n, budget)
             if n > 0 and (spec or self._allocate_or_preempt(req, n, out)):
-                out.scheduled.append((req, n + spec))
+                out.add(req, n + spec)
                 if spec > 0:
                     out.num_spec[req.request_id] = spec
 
@@ -211,7 +218,7 @@ class Scheduler:
             req.metrics.first_scheduled_time = self.clock()
             out.first_scheduled.append(req)
         self.running.append(req)
-        out.scheduled.append((req, n))
+        out.add(req, n)
         return "admitted"
 
     def _num_new_tokens(self, req: Request, budget: int) -> int:
@@ -243,7 +250,7 @@ class Scheduler:
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         """Back to the queue, to be recomputed; tokens it was given this step are taken back."""
         self.running.remove(req)
-        out.scheduled = [(r, n) for r, n in out.scheduled if r is not req]
+        out.drop(req)
         out.num_spec.pop(req.request_id, None)
         out.preempted.append(req)
         self.kv.free(req.request_id)

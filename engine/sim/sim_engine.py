@@ -8,6 +8,7 @@ import itertools
 import json
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig, ModelConfig
@@ -27,6 +28,17 @@ from engine.sim.step_time import (
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of a GPU's memory for weights + KV
 ACTIVATION_RESERVE = 2 * 2**30  # per GPU: activations, CUDA graphs, the allocator's slack
+
+
+@dataclass(slots=True)
+class Progress:
+    """A step's news of an unfinished completion: what the load generator reads, without the
+    copies of prompt and output a RequestOutput makes (an hour holds billions of them)."""
+
+    request_id: str  # the parent's (n > 1: the completion's index says which)
+    index: int
+    new_token_ids: list[int]
+    finished: bool = False
 
 
 class SimRunner:
@@ -94,6 +106,11 @@ class SimEngine(LLMEngine):
 
     def _step_started(self) -> float:
         return self.clock.now
+
+    def _output(self, req: Request, new_token_ids: list[int]) -> Any:
+        if req.is_finished:
+            return super()._output(req, new_token_ids)
+        return Progress(req.parent_id, req.index, new_token_ids)
 
     def decode_stretch(self, deadline: float) -> list[float]:
         """Run, at once, the decode-only steps nothing could change: every running request
