@@ -532,7 +532,8 @@ def calibrate(
     ] = None,
     out: Annotated[str | None, Opt(help="profile path (default: where --engine sim looks)")] = None,
     num_requests: Annotated[
-        int | None, Opt(help="requests of the calibration load (profiles/calibrate.toml)")
+        int | None,
+        Opt(help="requests of each phase of the calibration load (profiles/calibrate.toml)"),
     ] = None,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
     quantization: Annotated[str | None, Opt(help="engine: fp8 (e4m3 linear weights)")] = None,

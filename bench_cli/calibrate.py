@@ -30,6 +30,7 @@ def run_calibration_load(
     config: dict[str, Any] = {}
     for i, phase in enumerate(phases, 1):
         out = out_dir / f"phase{i}"
+        out.mkdir(parents=True, exist_ok=True)
         flags = {"model": model, "out": str(out), "num_requests": num_requests} | engine
         cfg = resolve_config(profile | phase, flags)
         summary = run_one(cfg, out, dashboard=False, console=console, report=False)
@@ -114,6 +115,8 @@ def show(profile: Calibrated, console: Console) -> None:
         ("c0 (per step)", [f"{t.c0 * 1e3:.2f} ms" for t in terms]),
         ("c_tok (per token above the knee)", [f"{t.c_tok * 1e3:.3f} ms" for t in terms]),
         ("knee (tokens)", [f"{t.knee:g}" for t in terms]),
+        ("bends (ms per token below 2/4/8/16/64)",
+         ["/".join(f"{c * 1e3:.2f}" for c in t.c_bend) for t in terms]),
         ("c_seq (per sequence)", [f"{t.c_seq * 1e3:.3f} ms" for t in terms]),
         ("c_ctx (per decode context token)", [f"{t.c_ctx * 1e6:.3f} us" for t in terms]),
         ("c_pair (per prefill attention pair)", [f"{t.c_pair * 1e9:.3f} ns" for t in terms]),

@@ -111,7 +111,7 @@ class Roofline:
 # Settings that change what one step costs: a profile is valid only for the ones it was
 # measured with. The scheduler's settings (batching, chunk size, max_num_seqs, prefix caching)
 # change which steps run, not what each costs: those are what a simulation predicts across.
-FORMAT = 2  # of a saved profile
+FORMAT = 3  # of a saved profile
 COST_SETTINGS = (
     "dtype",
     "quantization",
@@ -120,20 +120,23 @@ COST_SETTINGS = (
     "enforce_eager",
     "attention_backend",
 )
+BENDS = (2, 4, 8, 16, 64)  # token counts where a step's cost per token may fall
 FORM = (
-    "t = c0 + c_tok * max(knee, tokens) + c_seq * seqs + c_ctx * decode_context_tokens "
-    "+ c_pair * prefill_attention_pairs, one set for decode-only steps and one for steps with "
-    "prefill; + gap_s"
+    "t = c0 + c_tok * max(knee, tokens) + sum_b c_bend[b] * min(tokens, b) + c_seq * seqs "
+    "+ c_ctx * decode_context_tokens + c_pair * prefill_attention_pairs, one set for "
+    "decode-only steps and one for steps with prefill; + gap_s"
 )
 
 
 @dataclass(slots=True)
 class Terms:
     """A roofline in a fitted form. Below `knee` tokens a step streams every weight once
-    and costs the same whatever its width (memory-bound); above it, each token adds its
-    matmul time (compute-bound): max(knee, tokens). Per sequence: its LM head row, metadata
+    and costs the same whatever its width (memory-bound, as on a GPU); above it, each token
+    adds its matmul time (compute-bound): max(knee, tokens). Where the first tokens cost
+    more than later ones (a CPU's small matmuls: 1 -> 4 rows costs more than 16 -> 19), the
+    min(tokens, b) terms bend the curve down at b. Per sequence: its LM head row, metadata
     and sampling. Decodes read their whole KV (decode context); prefill chunks compute
-    their attention pairs."""
+    their attention pairs. All coefficients >= 0."""
 
     c0: float
     c_tok: float
@@ -141,11 +144,15 @@ class Terms:
     c_seq: float
     c_ctx: float
     c_pair: float
+    c_bend: list[float] = field(default_factory=lambda: [0.0] * len(BENDS))
 
     def time(self, shape: StepShape) -> float:
+        tokens = shape.tokens
+        bends = sum(c * min(tokens, b) for c, b in zip(self.c_bend, BENDS, strict=True))
         return (
             self.c0
-            + self.c_tok * max(self.knee, shape.tokens)
+            + self.c_tok * max(self.knee, tokens)
+            + bends
             + self.c_seq * shape.seqs
             + self.c_ctx * shape.decode_context_tokens
             + self.c_pair * shape.prefill_attention_pairs
@@ -248,16 +255,19 @@ def _fit_terms(shapes: list[StepShape], y: np.ndarray) -> tuple[Terms, float]:
     rest = np.array(
         [[s.seqs, s.decode_context_tokens, s.prefill_attention_pairs] for s in shapes], float
     )
+    bends = np.column_stack([np.minimum(tokens, b) for b in BENDS])
     best: tuple[float, float, np.ndarray] | None = None
     for knee in [2.0**k for k in range(12)]:
-        x = np.column_stack([np.ones(len(y)), np.maximum(knee, tokens), rest])
+        x = np.column_stack([np.ones(len(y)), np.maximum(knee, tokens), rest, bends])
         coef = _nnls(x / y[:, None], np.ones(len(y)))
         err = float(np.mean(np.abs(x @ coef / y - 1)))
         if best is None or err < best[0] - 1e-12:
             best = (err, knee, coef)
     assert best is not None
     err, knee, c = best
-    return Terms(float(c[0]), float(c[1]), knee, float(c[2]), float(c[3]), float(c[4])), err
+    terms = Terms(float(c[0]), float(c[1]), knee, float(c[2]), float(c[3]), float(c[4]))
+    terms.c_bend = [float(v) for v in c[5:]]
+    return terms, err
 
 
 def fit(
