@@ -243,6 +243,8 @@ def utilization_text(steps: pd.DataFrame, peak: dict[str, Any] | None) -> str:
     if not parts:
         return ""
     where = "against peaks measured on this machine" if peak else "no device peak recorded"
+    if peak and str(peak.get("device", "")).startswith("simulated"):
+        where = f"against the {peak['device']}'s peaks ({peak.get('source') or 'its spec'})"
     return f"Engine utilization ({where}): " + "; ".join(parts) + "."
 
 
