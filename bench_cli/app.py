@@ -292,6 +292,26 @@ def serve(
 
 Opt = typer.Option
 
+# The simulated engine's flags, shared by run and sweep.
+EngineKind = Annotated[
+    str | None,
+    Opt(
+        "--engine",
+        help="bundled (the real engine) | sim: its scheduler and KV cache on a virtual "
+        "clock, each step timed by a cost model (no weights; any model, any device)",
+    ),
+]
+SimDevice = Annotated[
+    str | None, Opt(help="sim: a100 | h100 | h200 | b200 | local (this machine, default)")
+]
+SimCostModel = Annotated[
+    str | None,
+    Opt(help="sim: calibrated (a bench calibrate profile) | roofline (default without one)"),
+]
+SimProfile = Annotated[
+    str | None, Opt(help="sim: a calibration profile (default: bench calibrate's path)")
+]
+
 
 @app.command()
 def run(
@@ -316,24 +336,10 @@ def run(
             "process, static batches of N (1: one request at a time); needs transformers"
         ),
     ] = None,
-    engine_kind: Annotated[
-        str | None,
-        Opt(
-            "--engine",
-            help="bundled (the real engine) | sim: its scheduler and KV cache on a virtual "
-            "clock, each step timed by a cost model (no weights; any model, any device)",
-        ),
-    ] = None,
-    sim_device: Annotated[
-        str | None, Opt(help="sim: a100 | h100 | h200 | b200 | local (this machine, default)")
-    ] = None,
-    sim_cost_model: Annotated[
-        str | None,
-        Opt(help="sim: calibrated (a bench calibrate profile) | roofline (default without one)"),
-    ] = None,
-    sim_profile: Annotated[
-        str | None, Opt(help="sim: a calibration profile (default: bench calibrate's path)")
-    ] = None,
+    engine_kind: EngineKind = None,
+    sim_device: SimDevice = None,
+    sim_cost_model: SimCostModel = None,
+    sim_profile: SimProfile = None,
     arrival: Annotated[str | None, Opt(help="poisson | gamma | constant | trace")] = None,
     rate: Annotated[float | None, Opt(help="requests per second (open loop)")] = None,
     burstiness: Annotated[float | None, Opt(help="gamma shape: 1 Poisson, < 1 burstier")] = None,
@@ -484,24 +490,10 @@ def sweep(
     name: Annotated[str | None, Opt(help="sweep name (in the folder name)")] = None,
     out: Annotated[str | None, Opt(help="sweep folder (default results/<time>-<name>)")] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
-    engine_kind: Annotated[
-        str | None,
-        Opt(
-            "--engine",
-            help="bundled (the real engine) | sim: its scheduler and KV cache on a virtual "
-            "clock, each step timed by a cost model (no weights; any model, any device)",
-        ),
-    ] = None,
-    sim_device: Annotated[
-        str | None, Opt(help="sim: a100 | h100 | h200 | b200 | local (this machine, default)")
-    ] = None,
-    sim_cost_model: Annotated[
-        str | None,
-        Opt(help="sim: calibrated (a bench calibrate profile) | roofline (default without one)"),
-    ] = None,
-    sim_profile: Annotated[
-        str | None, Opt(help="sim: a calibration profile (default: bench calibrate's path)")
-    ] = None,
+    engine_kind: EngineKind = None,
+    sim_device: SimDevice = None,
+    sim_cost_model: SimCostModel = None,
+    sim_profile: SimProfile = None,
 ) -> None:
     """Run one load list against a grid of engine settings, a fresh server per point; writes
     sweep.csv and prints which setting is best at each load. `--rates auto:N` finds the loads

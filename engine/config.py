@@ -36,6 +36,28 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype_bytes
 
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], eos: Any = None) -> ModelConfig:
+        """A Hugging Face config.json's Llama-family shape; `eos`: generation_config.json's
+        eos_token_id where it differs from config.json's."""
+        heads = hf["num_attention_heads"]
+        eos = hf.get("eos_token_id") if eos is None else eos
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
+        )
+
 
 @dataclass(slots=True)
 class CacheConfig:

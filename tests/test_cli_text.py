@@ -64,6 +64,7 @@ def test_every_flag_the_readme_names_exists() -> None:
         "generate",
         "export-model",
         "profile",
+        "calibrate",
     ):
         ours |= set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", help_text(command)))
     readme = (Path(__file__).parent.parent / "README.md").read_text()

@@ -179,26 +179,11 @@ def _read_hf_dir(
     hf = json.loads(config_file.read_text())
     if hf.get("rope_scaling"):
         raise ModelLoadError(f"{path}: RoPE scaling {hf['rope_scaling']} is not supported yet")
-    eos = hf.get("eos_token_id")
+    eos = None
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
-        eos = json.loads(gen_file.read_text()).get("eos_token_id", eos)
-    heads = hf["num_attention_heads"]
-    cfg = ModelConfig(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rope_theta=float(hf.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-    )
+        eos = json.loads(gen_file.read_text()).get("eos_token_id")
+    cfg = ModelConfig.from_hf(hf, eos)
     tokenizer = Tokenizer.from_hf_dir(path) if (path / "tokenizer.json").is_file() else None
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:

@@ -39,27 +39,6 @@ for _name in list(BUILTIN_CONFIGS):  # the Instruct models and Llama 3 share the
     )
 
 
-def hf_model_config(hf: dict) -> ModelConfig:
-    """A Hugging Face config.json's Llama-family shape."""
-    heads = hf["num_attention_heads"]
-    eos = hf.get("eos_token_id")
-    return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        hidden_size=hf["hidden_size"],
-        intermediate_size=hf["intermediate_size"],
-        num_layers=hf["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=hf.get("num_key_value_heads") or heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        rope_theta=float(hf.get("rope_theta", 10000.0)),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=hf.get("max_position_embeddings", 2048),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
-    )
-
-
 def model_shape(name: str) -> ModelConfig:
     """The shape of `name`: a built-in config, a config.json or a directory holding one, a
     tiny config, or a model the engine can load (its GGUF metadata; no weights are read)."""
@@ -69,7 +48,7 @@ def model_shape(name: str) -> ModelConfig:
     config_file = path / "config.json" if path.is_dir() else path
     if config_file.suffix == ".json" and config_file.is_file():
         try:
-            return hf_model_config(json.loads(config_file.read_text()))
+            return ModelConfig.from_hf(json.loads(config_file.read_text()))
         except (ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{config_file}: not a Llama-style config.json ({e!r})") from None
     from engine.model.sources import TINY_CONFIGS, resolve_model_path
