@@ -23,6 +23,9 @@ from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.records import RequestRecord, read_records
 
 Figure = go.Figure
+# What one figure draws at most (a simulated hour has 360,000 requests and millions of token
+# gaps): CDF points, requests drawn as lines, steps drawn. Summaries use every value.
+CDF_POINTS, TIMELINE_REQUESTS, STEPS_DRAWN = 4000, 2000, 20000
 
 
 def _cdf(fig: Figure, values: list[float], name: str, row: int, col: int, **line: Any) -> None:
@@ -30,6 +33,9 @@ def _cdf(fig: Figure, values: list[float], name: str, row: int, col: int, **line
         return
     x = np.sort(np.asarray(values) * 1e3)
     y = np.arange(1, len(x) + 1) / len(x)
+    if len(x) > CDF_POINTS:  # a long run's millions of gaps: the curve at a fine resolution
+        keep = np.unique(np.linspace(0, len(x) - 1, CDF_POINTS).round().astype(int))
+        x, y = x[keep], y[keep]
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, **line), row=row, col=col)
 
 
@@ -70,6 +76,11 @@ def latency_figure(records: list[RequestRecord]) -> Figure:
 def timeline_figure(records: list[RequestRecord]) -> Figure:
     """Each request as a line: grey from send to first chunk (TTFT), blue while streaming."""
     ok = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.send_s or 0)
+    stride = -(-len(ok) // TIMELINE_REQUESTS)
+    title = "Requests over time (sorted by send)"
+    if stride > 1:
+        title += f": every {stride}th of {len(ok)}"
+    ok = ok[::stride]
     wait_x: list[float | None] = []
     wait_y: list[float | None] = []
     stream_x: list[float | None] = []
@@ -106,9 +117,9 @@ def timeline_figure(records: list[RequestRecord]) -> Figure:
             )
         )
     fig.update_layout(
-        title="Requests over time (sorted by send)",
+        title=title,
         xaxis_title="time (s)",
-        yaxis_title="request",
+        yaxis_title="request" + (f" (every {stride}th)" if stride > 1 else ""),
         height=450,
     )
     return fig
@@ -163,6 +174,8 @@ def steps_figure(steps: pd.DataFrame, t0: float, peak: dict[str, Any] | None = N
     """What each engine step computed: prefill and decode tokens, its time, KV blocks, and (in
     step logs that count them, engine/model/cost.py) its achieved model FLOP/s and bytes/s
     against this device's measured peak (bench_cli/device_peak.py)."""
+    stride = -(-len(steps) // STEPS_DRAWN)
+    steps = steps.iloc[::stride]
     t = steps["t"] - t0
     moved = _bytes_moved(steps)
     titles = ["tokens per step", "step time (ms)", "KV blocks used"]
@@ -205,7 +218,8 @@ def steps_figure(steps: pd.DataFrame, t0: float, peak: dict[str, Any] | None = N
                 )  # fmt: skip
     fig.update_layout(
         barmode="stack",
-        title="Engine steps (t=0: the first scheduled send)",
+        title="Engine steps (t=0: the first scheduled send)"
+        + (f": every {stride}th step drawn" if stride > 1 else ""),
         height=250 * len(titles),
     )
     fig.update_xaxes(title_text="time (s)", row=len(titles), col=1)

@@ -37,7 +37,7 @@ class DeviceSpec:
         return dataclasses.asdict(self)
 
 
-NVIDIA = "NVIDIA data sheets (dense tensor-core peaks, SXM parts)"
+NVIDIA = "NVIDIA data sheets: dense tensor-core peaks, SXM parts"
 
 DEVICES: dict[str, DeviceSpec] = {
     "a100": DeviceSpec(
