@@ -268,7 +268,8 @@ def measure(
         engine.log_steps(out_dir / "steps.jsonl")
     telemetry = Telemetry(target.pid, target.metrics_url, cfg.telemetry_interval)
     spec_before = engine.spec_stats() if engine is not None else None
-    telemetry.start()
+    if clock is None:  # a simulation has no device or process to watch (a GPU here is idle)
+        telemetry.start()
     try:
         main = run_benchmark(cfg, backend, built, out_dir, on_start, telemetry)
         if clock is not None:

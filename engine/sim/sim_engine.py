@@ -52,13 +52,11 @@ class SimRunner:
         self.step_model = step_model
         self.token_id = token_id
         self.last_step_s = 0.0
-        self.busy_s = 0.0  # modelled time in steps, for stats
 
     def execute(
         self, out: SchedulerOutput, block_tables: dict[str, list[int]]
     ) -> list[tuple[Request, list[int]]]:
         self.last_step_s = self.step_model.step_time(out.shape())
-        self.busy_s += self.last_step_s
         token = self.token_id
         return [(r, [token]) for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens]
 
@@ -77,6 +75,8 @@ class SimEngine(LLMEngine):
     ) -> None:
         if config.speculative_config is not None:
             raise ValueError("speculative decoding is not simulated yet: drop it for --engine sim")
+        if "auto" in (config.dtype, config.cache.kv_cache_dtype):
+            raise ValueError("resolve the dtypes for the simulated device (resolve_sim_config)")
         self.config = config
         self.clock = clock
         self.tokenizer = None  # the load generator sends token ids
@@ -198,7 +198,6 @@ class SimEngine(LLMEngine):
             self._counters["steps"] += k
             self._counters["generation_tokens"] += n * k
             self._last_step = {"num_tokens": n, "num_seqs": n, "time_s": dur}
-            self.runner.busy_s += t - self.clock.now  # type: ignore[attr-defined]
         return ends
 
     def _step_time(self, t0: float) -> float:
