@@ -282,7 +282,8 @@ def measure(
         telemetry.stop()
         if engine is not None:
             engine.log_steps(None)  # closes steps.jsonl
-    telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
+    if clock is None:  # a simulation's timeline is its steps.jsonl
+        telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
     summary["telemetry"] = telemetry.summary()
     if engine is not None:  # in process: no /metrics, the engine's own counters
         summary["telemetry"] |= spec_counts(spec_before, engine.spec_stats())
