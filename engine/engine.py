@@ -20,7 +20,7 @@ from engine.core.request import FinishReason, Request, RequestOutput, SamplingPa
 from engine.core.scheduler import Scheduler
 from engine.cuda_graphs import DecodeGraphs
 from engine.distributed.workers import TPWorkers, check_tensor_parallel
-from engine.model.cost import step_cost
+from engine.model.cost import StepShape, step_cost
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
 from engine.model_store import kv_scales as load_kv_scales
@@ -411,36 +411,68 @@ class LLMEngine:
             "time_s": self._step_time(t0),
         }
         if self._step_log is not None:
-            line = {
-                "t": t0,
-                "dur_s": self._last_step["time_s"],
-                **shape.as_dict(),  # prefill/decode tokens, seqs, context, ... (cost.py)
-                "running": len(self.scheduler.running),
-                "waiting": self.scheduler.num_waiting,
-                "kv_blocks_used": self.kv.num_used_blocks,
-                "preempted": len(out.preempted),
-                "cached_tokens": out.cached_tokens,  # admitted from the prefix cache, not computed
-                "prefix_cache_hit_rate": self._hit_rate(),
-                # KV stored for the running batch: computed tokens summed over requests, so
-                # blocks shared (n > 1 siblings' prompt, prefix-cache hits) count once per user
-                # and can push kv_tokens past kv_blocks_used * block_size.
-                "kv_tokens": sum(r.num_computed_tokens for r in self.scheduler.running),
-                # Engine-side queueing of the requests first scheduled in this step.
-                "queue_s": [
-                    r.metrics.first_scheduled_time - r.metrics.arrival_time
-                    for r in out.first_scheduled
-                ],
-                # Speculative decoding: draft tokens verified, and of those accepted.
-                "draft_tokens": sum(out.num_spec.values()),
-                "accepted_tokens": sum(out.num_spec.values()) - sum((rejected or {}).values()),
-                # Tensor parallelism: rank 0's time in all-reduces during the step.
-                "allreduce_s": tp.allreduce_s - reduce_s0 if tp is not None else 0.0,
-                # Model FLOPs and bytes moved (engine/model/cost.py): utilization per step.
-                **self._step_cost(chunks, logit_rows),
-            }
-            self._step_log.write(json.dumps(line) + "\n")
+            # Engine-side queueing of the requests first scheduled in this step.
+            queue_s = [
+                r.metrics.first_scheduled_time - r.metrics.arrival_time for r in out.first_scheduled
+            ]
+            drafts = sum(out.num_spec.values())
+            self._log_step(
+                t0,
+                self._last_step["time_s"],
+                shape,
+                sum(r.num_computed_tokens for r in self.scheduler.running),
+                self._step_cost(chunks, logit_rows),
+                preempted=len(out.preempted),
+                cached_tokens=out.cached_tokens,
+                queue_s=queue_s,
+                draft_tokens=drafts,
+                accepted_tokens=drafts - sum((rejected or {}).values()),
+                allreduce_s=tp.allreduce_s - reduce_s0 if tp is not None else 0.0,
+            )
         self._step_outputs = []
         return outputs
+
+    def _log_step(
+        self,
+        t0: float,
+        dur: float,
+        shape: StepShape,
+        kv_tokens: int,
+        cost: dict[str, float],
+        *,
+        preempted: int = 0,
+        cached_tokens: int = 0,
+        queue_s: list[float] | None = None,
+        draft_tokens: int = 0,
+        accepted_tokens: int = 0,
+        allreduce_s: float = 0.0,
+    ) -> None:
+        """One step log line, after the step: the queues and KV as it left them."""
+        assert self._step_log is not None
+        line = {
+            "t": t0,
+            "dur_s": dur,
+            **shape.as_dict(),  # prefill/decode tokens, seqs, context, ... (cost.py)
+            "running": len(self.scheduler.running),
+            "waiting": self.scheduler.num_waiting,
+            "kv_blocks_used": self.kv.num_used_blocks,
+            "preempted": preempted,
+            "cached_tokens": cached_tokens,  # admitted from the prefix cache, not computed
+            "prefix_cache_hit_rate": self._hit_rate(),
+            # KV stored for the running batch: computed tokens summed over requests, so
+            # blocks shared (n > 1 siblings' prompt, prefix-cache hits) count once per user
+            # and can push kv_tokens past kv_blocks_used * block_size.
+            "kv_tokens": kv_tokens,
+            "queue_s": queue_s or [],
+            # Speculative decoding: draft tokens verified, and of those accepted.
+            "draft_tokens": draft_tokens,
+            "accepted_tokens": accepted_tokens,
+            # Tensor parallelism: rank 0's time in all-reduces during the step.
+            "allreduce_s": allreduce_s,
+            # Model FLOPs and bytes moved (engine/model/cost.py): utilization per step.
+            **cost,
+        }
+        self._step_log.write(json.dumps(line) + "\n")
 
     def _step_started(self) -> float:
         """When a step starts, on the step log's clock (perf_counter; virtual when simulated)."""

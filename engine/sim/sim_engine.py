@@ -5,7 +5,6 @@ nothing and says how long the step would have taken."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -154,9 +153,9 @@ class SimEngine(LLMEngine):
                     fills[j].append(r)
             r.token_ids.extend(itertools.repeat(self.runner.token_id, k_max))
         context = sum(starts)
-        log = self._step_log
+        log = self._step_log is not None
         cost0 = cost1 = {}
-        if log is not None:  # affine in the step: two exact ones give all of them
+        if log:  # affine in the step: two exact ones give all of them
             cost0, cost1 = (self._step_cost(_decode_chunks(n, context + j * n), n) for j in (0, 1))
         ends: list[float] = []
         step_time = self.runner.step_model.step_time  # type: ignore[attr-defined]
@@ -166,28 +165,13 @@ class SimEngine(LLMEngine):
             for r, c in ((r, r.num_computed_tokens) for r in grows.get(j, ())):
                 kv.allocate_slots(r.request_id, c + j + 1)
             keys = context + j * n + n  # each request's computed tokens and its new one
-            dur = step_time(StepShape(0, n, n, keys, keys, 0, n))
+            shape = StepShape(0, n, n, keys, keys, 0, n)
+            dur = step_time(shape)
             for r in fills.get(j, ()):
                 kv.cache_computed(r.request_id, r.token_ids, r.num_computed_tokens + j + 1)
-            if log is not None:
-                line = {
-                    "t": t,
-                    "dur_s": dur,
-                    **StepShape(0, n, n, keys, keys, 0, n).as_dict(),
-                    "running": n,
-                    "waiting": sched.num_waiting,
-                    "kv_blocks_used": kv.num_used_blocks,
-                    "preempted": 0,
-                    "cached_tokens": 0,
-                    "prefix_cache_hit_rate": self._hit_rate(),
-                    "kv_tokens": keys,
-                    "queue_s": [],
-                    "draft_tokens": 0,
-                    "accepted_tokens": 0,
-                    "allreduce_s": 0.0,
-                    **{k: v + j * (cost1[k] - v) for k, v in cost0.items()},
-                }
-                log.write(json.dumps(line) + "\n")
+            if log:
+                cost = {k: v + j * (cost1[k] - v) for k, v in cost0.items()}
+                self._log_step(t, dur, shape, keys, cost)
             t += dur
             ends.append(t)
         k = len(ends)
@@ -265,7 +249,7 @@ def step_model_for(
     if kind != "roofline":
         raise ValueError(f"sim cost model {kind!r}: expected calibrated or roofline")
     weights = "fp8" if config.quantization == "fp8" else config.dtype
-    kv = "fp8" if config.cache.kv_cache_dtype == "fp8" else config.cache.kv_cache_dtype
+    kv = config.cache.kv_cache_dtype
     return Roofline(model, device, config.dtype, weights, kv, config.tensor_parallel_size)
 
 
