@@ -158,6 +158,9 @@ class EngineConfig:
     quantization: Literal["fp8", "none"] | None = None  # fp8: e4m3 linears, per-channel scales
     seed: int = 0
     max_model_len: int | None = None  # default: the model's context length
+    # dummy: the model's shape (a config.json, a built-in name, a GGUF's metadata) with random
+    # weights, as vLLM's --load-format dummy: for timing models whose weights are not here.
+    load_format: Literal["auto", "dummy"] = "auto"
     # False: on CPU, the decoder layers run compiled (engine/model/compiled_forward.py) and
     # decode attention reads K/V in place (engine/ops/cpu_decode_attention.py), compiled at
     # start-up. True: eager PyTorch only.
@@ -208,6 +211,8 @@ class EngineConfig:
                 "attention_backend must be 'auto', 'torch' or 'triton', "
                 f"got {self.attention_backend!r}"
             )
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {self.dtype!r}")
         if c.kv_cache_dtype not in KV_CACHE_DTYPES:

@@ -32,6 +32,7 @@ class ModelKey(NamedTuple):
     pack: bool  # oneDNN-prepacked CPU linears
     tp_rank: int = 0  # tensor parallelism: this rank's shard of the weights
     tp_size: int = 1
+    load_format: str = "auto"  # dummy: random weights of the model's shape
 
     @classmethod
     def of(cls, config: EngineConfig, device: torch.device, tp_rank: int = 0) -> ModelKey:
@@ -39,14 +40,14 @@ class ModelKey(NamedTuple):
         dtype = DTYPES[config.dtype]
         pack = onednn_packing_enabled(dtype, device)
         return cls(config.model, dtype, device, config.seed, config.quantization, pack,
-                   tp_rank, config.tensor_parallel_size)  # fmt: skip
+                   tp_rank, config.tensor_parallel_size, config.load_format)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=2)
 def load_shared(key: ModelKey) -> LoadedModel:
     """Weights are read-only to the engine, so engines in one process share them: a benchmark
     or test that compares settings loads the model once."""
-    loaded = load_model(key.model, key.dtype, key.device, key.seed)
+    loaded = load_model(key.model, key.dtype, key.device, key.seed, key.load_format)
     if key.tp_size > 1:  # before quantizing and packing: they work on the shard
         shard_model(loaded.model, Shard.plan(loaded.config, key.tp_rank, key.tp_size))
     if key.quantization == "fp8":

@@ -290,6 +290,34 @@ def test_tiny_model_ties_embeddings_as_configured(name: str) -> None:
     assert loaded.source == "random" and loaded.tokenizer is None
 
 
+def test_dummy_weights_take_the_shape_of_a_config_json_and_its_tokenizer(tmp_path: Path) -> None:
+    """--load-format dummy (vLLM's): any config.json's shape with random weights and the
+    tokenizer beside it, so models whose weights are not here can be timed end to end."""
+    import json
+
+    from engine.model.export import export_tokenizer
+    from engine.model.sources import load_tokenizer
+
+    export_tokenizer(load_tokenizer("smollm2-135m"), tmp_path)
+    shape = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3}
+    shape |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 49152}
+    (tmp_path / "config.json").write_text(json.dumps(shape))
+    loaded = load_model(str(tmp_path), torch.float32, CPU, seed=1, load_format="dummy")
+    assert loaded.source == "dummy" and loaded.tokenizer is not None
+    assert loaded.config.num_layers == 3 and loaded.config.hidden_size == 128
+    weights = dict(loaded.model.named_parameters())
+    assert (weights["norm.weight"] == 1).all()
+    assert 0 < weights["layers.0.mlp.down_proj.weight"].abs().max() <= 1e-3
+    again = load_model(str(tmp_path), torch.float32, CPU, seed=2, load_format="dummy")
+    other = dict(again.model.named_parameters())["layers.0.mlp.down_proj.weight"]
+    assert not torch.equal(other, weights["layers.0.mlp.down_proj.weight"])
+    llm = LLM(str(tmp_path), load_format="dummy", enforce_eager=True)
+    out = llm.generate(["Hello there"], SamplingParams(max_tokens=5, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 5  # noise, but five tokens of it
+    with pytest.raises(ValueError, match="load_format"):
+        LLM(str(tmp_path), load_format="safetensors")
+
+
 # ---- (d) SmolLM2 GGUF metadata --------------------------------------------------------------
 
 

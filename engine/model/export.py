@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.model.loader import LoadedModel
+from engine.model.tokenizer import Tokenizer
 from engine.ops.cpu_linear import PackedLinear
 from engine.ops.fp8 import Fp8Linear
 
@@ -84,19 +85,26 @@ def export_hf_dir(loaded: LoadedModel, path: str | Path) -> Path:
     config = hf_config(loaded)
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(hf_state_dict(loaded), str(path / "model.safetensors"), metadata={"format": "pt"})
-    tok = loaded.tokenizer
-    if tok is not None:
-        tok.tokenizer.save(str(path / "tokenizer.json"))
+    if loaded.tokenizer is not None:
+        export_tokenizer(loaded.tokenizer, path)
+    return path
 
-        def token(i: int | None) -> str | None:
-            return None if i is None else tok.tokenizer.id_to_token(i)
 
-        tok_config = {
-            "bos_token": token(tok.bos_token_id),
-            "eos_token": token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
-            "add_bos_token": tok.add_bos,
-            "chat_template": tok.chat_template,
-            "tokenizer_class": "PreTrainedTokenizerFast",
-        }
-        (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+def export_tokenizer(tok: Tokenizer, path: str | Path) -> Path:
+    """tokenizer.json and tokenizer_config.json (special tokens, chat template) in `path`."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.tokenizer.save(str(path / "tokenizer.json"))
+
+    def token(i: int | None) -> str | None:
+        return None if i is None else tok.tokenizer.id_to_token(i)
+
+    tok_config = {
+        "bos_token": token(tok.bos_token_id),
+        "eos_token": token(tok.eos_token_ids[0] if tok.eos_token_ids else None),
+        "add_bos_token": tok.add_bos,
+        "chat_template": tok.chat_template,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (path / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     return path

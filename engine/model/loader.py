@@ -15,7 +15,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
-from engine.model.sources import (  # noqa: F401 (re-exported: the names callers know)
+from engine.model.sources import (  # also re-exported: the names callers know
     PACKAGED_MODELS,
     TINY_CONFIGS,
     TINY_TOKENIZERS,
@@ -34,7 +34,11 @@ class LoadedModel:
     source: str  # the file or directory read, or "random" for tiny configs
 
 
-def load_model(name: str, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LoadedModel:
+def load_model(
+    name: str, dtype: torch.dtype, device: torch.device, seed: int = 0, load_format: str = "auto"
+) -> LoadedModel:
+    if load_format == "dummy":
+        return _load_dummy(name, dtype, device, seed)
     if name in TINY_CONFIGS:
         cfg = TINY_CONFIGS[name]
         model = _build(cfg, device)
@@ -81,6 +85,32 @@ def _init_random(model: LlamaForCausalLM, seed: int) -> None:
         else:
             w = 3.0 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1])
         p.data.copy_(w)
+
+
+def _load_dummy(name: str, dtype: torch.dtype, device: torch.device, seed: int) -> LoadedModel:
+    """vLLM's --load-format dummy: the shape of `name` (no weights read) with small uniform
+    random weights drawn on the device, norms at one. What it generates is noise; how long
+    its steps take is the model's. The tokenizer is the model's where it has one (a GGUF's,
+    or a tokenizer.json beside the config.json)."""
+    from engine.sim.models import model_shape
+
+    cfg = model_shape(name)
+    model = _build(cfg, device).to(dtype)
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.uniform_(-1e-3, 1e-3, generator=g)
+    tokenizer = None
+    path = Path(name).expanduser()
+    folder = path if path.is_dir() else path.parent
+    if path.suffix == ".gguf" or name in PACKAGED_MODELS:
+        tokenizer = load_tokenizer(name)
+    elif (folder / "tokenizer.json").is_file() and (path.is_dir() or path.suffix == ".json"):
+        tokenizer = load_tokenizer(str(folder))
+    return LoadedModel(model, cfg, tokenizer, "dummy")
 
 
 # ---- GGUF --------------------------------------------------------------------------------
