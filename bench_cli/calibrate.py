@@ -46,18 +46,21 @@ def measured_steps(path: Path, clock_t0: float | None) -> list[dict[str, Any]]:
     return [r for r in rows if clock_t0 is None or r["t"] >= clock_t0]
 
 
-def steps_of_runs(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def steps_of_runs(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any], str | None]:
     """Steps of earlier runs (their folders or steps.jsonl files), which must share the
-    cost settings; each run's config.json says which."""
+    cost settings; each run's config.json says which (and the GPU the last one ran on)."""
     rows: list[dict[str, Any]] = []
     settings: dict[str, Any] | None = None
     engine: dict[str, Any] = {}
+    gpu = None
     for given in paths:
         path = Path(given)
         folder = path if path.is_dir() else path.parent
         steps = folder / "steps.jsonl" if path.is_dir() else path
         config = json.loads((folder / "config.json").read_text())
         engine = config.get("engine") or {}
+        gpus = (config.get("hardware") or {}).get("gpus") or [{}]
+        gpu = gpus[0].get("name")
         if engine.get("simulated"):
             raise ValueError(f"{given}: a simulated run; calibrate on a real one")
         these = cost_settings(engine)
@@ -67,7 +70,7 @@ def steps_of_runs(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any
         summary = folder / "summary.json"
         t0 = json.loads(summary.read_text()).get("clock_t0") if summary.is_file() else None
         rows += measured_steps(steps, t0)
-    return rows, engine
+    return rows, engine, gpu
 
 
 def calibrate(
@@ -81,8 +84,9 @@ def calibrate(
     from bench_cli.export import run_dir
 
     try:
+        gpu = None  # this machine's, if the engine ran on one
         if from_runs:
-            rows, engine = steps_of_runs(from_runs)
+            rows, engine, gpu = steps_of_runs(from_runs)
             source = from_runs
         else:
             run = run_dir(None, "calibrate")
@@ -92,6 +96,8 @@ def calibrate(
         settings = cost_settings(engine)
         profile = fit(rows, model, "local", source=source)
         profile.settings = settings
+        profile.roofline = roofline_efficiency(rows, model, engine, profile.gap_s, gpu, console)
+        profile.device = profile.roofline["device"]  # local, or the GPU's spec
         path = Path(out) if out else default_profile_path(model, settings)
         if path is None:
             raise ValueError("the cache is off (SERVEBENCH_CACHE_DIR=0): give --out")
@@ -102,6 +108,40 @@ def calibrate(
     show(profile, console)
     console.print(f"profile: {escape(str(path))}", highlight=False)
     return 0
+
+
+def roofline_efficiency(
+    rows: list[dict[str, Any]],
+    model: str,
+    engine: dict[str, Any],
+    gap_s: float,
+    gpu: str | None,
+    console: Console,
+) -> dict[str, Any]:
+    """The roofline's efficiencies on the device the steps ran on (a GPU by its built-in spec,
+    named by `gpu` or found on this machine; a CPU by this machine's measured peaks), for
+    simulating other models there."""
+    from dataclasses import asdict
+
+    from bench_cli.device_peak import device_peak
+    from engine.config import EngineConfig
+    from engine.sim.efficiency_fit import fit_efficiency
+    from engine.sim.hardware import builtin_device, gpu_device_name, local_device
+    from engine.sim.models import model_shape
+    from engine.sim.sim_engine import step_model_for
+    from loadgen.sim_setup import LOCAL_MEMORY
+
+    if engine.get("device") == "cuda":
+        device = builtin_device(gpu_device_name(gpu))
+    else:
+        with console.status("measuring this machine's peaks (once a machine) ..."):
+            device = local_device(device_peak("cpu"), LOCAL_MEMORY)
+    keys = {k: engine.get(k) for k in ("dtype", "quantization", "tensor_parallel_size")}
+    config = EngineConfig.from_kwargs(model, **{k: v for k, v in keys.items() if v is not None})
+    config.cache.kv_cache_dtype = engine.get("cache", {}).get("kv_cache_dtype") or config.dtype
+    roofline = step_model_for("roofline", model_shape(model), config, device)
+    eff, err = fit_efficiency(rows, roofline, gap_s)  # type: ignore[arg-type]
+    return {"device": device.name, "efficiency": asdict(eff), "error": err}
 
 
 def show(profile: Calibrated, console: Console) -> None:
@@ -132,6 +172,17 @@ def show(profile: Calibrated, console: Console) -> None:
         f"{fit['mean_abs_rel_err']:.1%}, p90 {fit['p90_abs_rel_err']:.1%}",
         highlight=False,
     )
+    if profile.roofline:
+        e = profile.roofline["efficiency"]
+        console.print(
+            f"roofline on {profile.roofline['device']} (for other models: --sim-cost-model "
+            f"roofline --sim-profile this): compute {e['compute']:.2f}, memory "
+            f"{e['memory']:.2f}, prefill attention {e['attention']:.3f} of peak, "
+            f"{e['overhead_s'] * 1e3:.2f} ms a step (+{e['prefill_overhead_s'] * 1e3:.2f} ms "
+            f"with prefill); mean |error| "
+            f"{profile.roofline['error']:.1%}",
+            highlight=False,
+        )
 
 
 def _pct(x: float | None) -> str:

@@ -23,9 +23,10 @@ from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
 from engine.model.cost import StepShape, matmul_params
 from engine.sim.clock import VirtualClock
+from engine.sim.efficiency_fit import fit_efficiency
 from engine.sim.hardware import DEVICES
 from engine.sim.models import model_shape
-from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, weight_bytes
+from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, step_model_for, weight_bytes
 from engine.sim.step_time import Calibrated, Efficiency, Roofline, Terms, fit
 from loadgen.config import PROFILE_DIR, load_profile
 from loadgen.virtual_loop import run_virtual
@@ -285,6 +286,35 @@ def test_calibration_profile_round_trips_and_guards_its_settings(tmp_path: Path)
         Calibrated.load(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="too few"):
         fit(_rows(truth, n=5))
+
+
+def test_roofline_efficiencies_are_recovered_from_steps_and_used_on_their_device() -> None:
+    """Steps timed by a roofline of known efficiencies (a device where decodes stream weights
+    and chunks compute): the fit finds them, and a profile that carries them sets the
+    roofline of that device only."""
+    model = model_shape("meta-llama/Llama-3.1-8B")
+    truth = Efficiency(compute=0.45, memory=0.6, attention=0.2, overhead_s=0.004)
+    rows = _rows(Calibrated(Terms(0, 0, 1, 0, 0, 0), Terms(0, 0, 1, 0, 0, 0)))
+    device = DEVICES["a100"]
+    known = Roofline(model, device, eff=truth)
+    for row in rows:
+        row["dur_s"] = known.step_time(StepShape(**{f: row[f] for f in StepShape.__slots__}))
+    got, err = fit_efficiency(rows[:200], Roofline(model, device), gap_s=0.0)
+    assert err < 0.005
+    for name in ("compute", "memory", "attention", "overhead_s"):
+        assert getattr(got, name) == pytest.approx(getattr(truth, name), rel=0.03), name
+    profile = Calibrated(Terms(0, 0, 1, 0, 0, 0), Terms(0, 0, 1, 0, 0, 0))
+    profile.roofline = {"device": "a100", "efficiency": dataclasses.asdict(got), "error": err}
+    config = EngineConfig.from_kwargs("meta-llama/Llama-3.1-8B")
+    config.dtype = config.cache.kv_cache_dtype = "bfloat16"
+    fitted = step_model_for("roofline", model, config, device, profile)
+    assert isinstance(fitted, Roofline) and fitted.eff == got
+    assert "bench calibrate" in fitted.describe()["efficiency_source"]
+    for row in rows[200:]:  # steps the fit did not see
+        shape = StepShape(**{f: row[f] for f in StepShape.__slots__})
+        assert fitted.step_time(shape) == pytest.approx(row["dur_s"], rel=0.02)
+    other = step_model_for("roofline", model, config, DEVICES["h100"], profile)
+    assert isinstance(other, Roofline) and other.eff == Efficiency()  # not measured there
 
 
 def test_model_shapes_from_builtins_and_config_json(tmp_path: Path) -> None:

@@ -101,3 +101,16 @@ def builtin_device(name: str) -> DeviceSpec:
     except KeyError:
         known = ", ".join([*DEVICES, "local"])
         raise ValueError(f"sim device {name!r}: expected one of {known}") from None
+
+
+def gpu_device_name(gpu: str | None = None) -> str:
+    """The built-in spec of a GPU by its name (e.g. "NVIDIA H200"; default: this machine's
+    first CUDA GPU)."""
+    if gpu is None:
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
+    for known in DEVICES:
+        if known in gpu.lower():
+            return known
+    raise ValueError(f"no built-in spec for {gpu!r}: expected one of {', '.join(DEVICES)}")

@@ -250,7 +250,12 @@ def step_model_for(
         raise ValueError(f"sim cost model {kind!r}: expected calibrated or roofline")
     weights = "fp8" if config.quantization == "fp8" else config.dtype
     kv = config.cache.kv_cache_dtype
-    return Roofline(model, device, config.dtype, weights, kv, config.tensor_parallel_size)
+    roofline = Roofline(model, device, config.dtype, weights, kv, config.tensor_parallel_size)
+    fitted = profile.efficiency(device.name) if profile is not None else None
+    if fitted is not None:  # measured on this device by bench calibrate
+        roofline.eff = fitted
+        roofline.efficiency_source = f"fitted by bench calibrate ({profile.fit.get('created_at')})"
+    return roofline
 
 
 def cost_settings(engine: dict[str, Any]) -> dict[str, Any]:

@@ -48,6 +48,8 @@ class Efficiency:
     attention: float = 0.5  # prefill attention FLOPs (flash attention)
     interconnect: float = 0.8  # ring all-reduce bus bandwidth
     overhead_s: float = 1.0e-3  # scheduling, input preparation, launches, sampling
+    # more for a step with prefill (an engine may replay graphs of decode steps only)
+    prefill_overhead_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -65,34 +67,42 @@ class Roofline:
     kv_dtype: str = "bfloat16"
     tp: int = 1
     eff: Efficiency = field(default_factory=Efficiency)
+    efficiency_source: str = "assumed (typical of vLLM on Hopper)"
     name: str = "roofline"
 
     def step_time(self, shape: StepShape) -> float:
-        m, d, e, tp = self.model, self.device, self.eff, self.tp
-        bw = d.memory_bw * e.memory
+        return float(roofline_time(self.parts(shape), self.eff))
+
+    def parts(self, shape: StepShape) -> tuple[float, ...]:
+        """The step's parts at the device's peaks (efficiency 1), in PARTS' order."""
+        m, d, tp = self.model, self.device, self.tp
         w_bytes, a_bytes = DTYPE_BYTES[self.weight_dtype], DTYPE_BYTES[self.dtype]
         # fp8 weights multiply as fp8 where tensor cores take it (activations quantized).
-        mm_peak = d.flops(self.weight_dtype) * e.compute
+        mm_peak, peak = d.flops(self.weight_dtype), d.flops(self.dtype)
         params = matmul_params(m) / tp
         tokens = shape.tokens
-        t = max(2.0 * params * tokens / mm_peak, params * w_bytes / bw)
-        if shape.sampled_rows:
-            head = m.hidden_size * m.vocab_size / tp
-            t += max(2.0 * head * shape.sampled_rows / (d.flops(self.dtype) * e.compute),
-                     head * a_bytes / bw)  # fmt: skip
+        head = m.hidden_size * m.vocab_size / tp if shape.sampled_rows else 0.0
         kv_heads = math.ceil(m.num_kv_heads / tp)
         kv_token = 2 * m.num_layers * kv_heads * m.head_dim * DTYPE_BYTES[self.kv_dtype]
-        heads = m.num_heads / tp
-        attn_flops = 4.0 * m.num_layers * heads * m.head_dim
-        t += max(attn_flops * shape.decode_context_tokens / (d.flops(self.dtype) * e.compute),
-                 kv_token * shape.decode_context_tokens / bw)  # fmt: skip
-        t += attn_flops * shape.prefill_attention_pairs / (d.flops(self.dtype) * e.attention)
-        t += kv_token * tokens / bw  # the new tokens' K and V
+        attn_flops = 4.0 * m.num_layers * (m.num_heads / tp) * m.head_dim
+        link_lat = link_bytes = 0.0
         if tp > 1:
-            link = d.interconnect_bw * e.interconnect
+            link_lat = 2 * m.num_layers * d.interconnect_latency_s
             volume = 2.0 * (tp - 1) / tp * tokens * m.hidden_size * a_bytes
-            t += 2 * m.num_layers * (d.interconnect_latency_s + volume / link)
-        return t + e.overhead_s
+            link_bytes = 2 * m.num_layers * volume / d.interconnect_bw
+        return (
+            2.0 * params * tokens / mm_peak,  # linears: compute
+            params * w_bytes / d.memory_bw,  # linears: weights streamed
+            2.0 * head * shape.sampled_rows / peak,  # LM head
+            head * a_bytes / d.memory_bw,
+            attn_flops * shape.decode_context_tokens / peak,  # decodes read their KV
+            kv_token * shape.decode_context_tokens / d.memory_bw,
+            attn_flops * shape.prefill_attention_pairs / peak,  # prefill attention
+            kv_token * tokens / d.memory_bw,  # the new tokens' K and V
+            link_lat,  # two ring all-reduces a layer
+            link_bytes,
+            1.0 if shape.prefill_tokens else 0.0,  # a step with prefill
+        )
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -103,7 +113,31 @@ class Roofline:
             "kv_dtype": self.kv_dtype,
             "tensor_parallel_size": self.tp,
             "efficiency": asdict(self.eff),
+            "efficiency_source": self.efficiency_source,
         }
+
+
+PARTS = ("linear_flops", "linear_bytes", "head_flops", "head_bytes", "decode_attention_flops",
+         "decode_attention_bytes", "prefill_attention_flops", "kv_write_bytes", "link_latency",
+         "link_bytes", "has_prefill")  # fmt: skip
+
+
+def roofline_time(parts: Any, e: Efficiency) -> Any:
+    """A step's time from its parts at peak (floats, or arrays of many steps' parts): each
+    part at its regime's efficiency, compute and memory of one kernel overlapping (max), the
+    kernels one after another, plus the per-step overhead."""
+    lin_f, lin_b, head_f, head_b, dec_f, dec_b, pre_f, kv_b, link_lat, link_b, prefill = parts
+    return (
+        np.maximum(lin_f / e.compute, lin_b / e.memory)
+        + np.maximum(head_f / e.compute, head_b / e.memory)
+        + np.maximum(dec_f / e.compute, dec_b / e.memory)
+        + pre_f / e.attention
+        + kv_b / e.memory
+        + link_lat
+        + link_b / e.interconnect
+        + e.overhead_s
+        + prefill * e.prefill_overhead_s
+    )
 
 
 # ---- calibrated ----------------------------------------------------------------------------
@@ -119,6 +153,7 @@ COST_SETTINGS = (
     "tensor_parallel_size",
     "enforce_eager",
     "attention_backend",
+    "cuda_graphs",
 )
 BENDS = (2, 4, 8, 16, 64)  # token counts where a step's cost per token may fall
 FORM = (
@@ -175,7 +210,15 @@ class Calibrated:
     device: str = "local"
     settings: dict[str, Any] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)
+    # the roofline's efficiencies fitted to the same steps: {"device", "efficiency", "error"}
+    roofline: dict[str, Any] | None = None
     name: str = "calibrated"
+
+    def efficiency(self, device: str) -> Efficiency | None:
+        """The fitted roofline efficiencies, if they were measured on this device."""
+        if not self.roofline or self.roofline.get("device") != device:
+            return None
+        return Efficiency(**self.roofline["efficiency"])
 
     def step_time(self, shape: StepShape) -> float:
         terms = self.prefill if shape.prefill_tokens else self.decode
@@ -236,7 +279,7 @@ def busy_gaps(rows: list[dict[str, Any]]) -> list[float]:
     return gaps
 
 
-def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Least squares with coefficients >= 0: drop the most negative and solve again."""
     active = list(range(x.shape[1]))
     coef = np.zeros(x.shape[1])
@@ -259,7 +302,7 @@ def _fit_terms(shapes: list[StepShape], y: np.ndarray) -> tuple[Terms, float]:
     best: tuple[float, float, np.ndarray] | None = None
     for knee in [2.0**k for k in range(12)]:
         x = np.column_stack([np.ones(len(y)), np.maximum(knee, tokens), rest, bends])
-        coef = _nnls(x / y[:, None], np.ones(len(y)))
+        coef = nnls(x / y[:, None], np.ones(len(y)))
         err = float(np.mean(np.abs(x @ coef / y - 1)))
         if best is None or err < best[0] - 1e-12:
             best = (err, knee, coef)
