@@ -65,6 +65,12 @@ CudaGraphs = Annotated[
     bool,
     typer.Option(help="CUDA graphs of decode steps (CUDA, --attention-backend triton; unmeasured)"),
 ]
+LoadFormat = Annotated[
+    str,
+    typer.Option(
+        help="auto | dummy: random weights of the model's shape (any config.json), for timing"
+    ),
+]
 TensorParallel = Annotated[
     int, typer.Option(help="processes the weights are split over (gloo on CPU, NCCL on CUDA)")
 ]
@@ -162,6 +168,7 @@ def generate(
     kv_reservation: KVReservation = "paged",
     speculative_config: SpeculativeConfigOpt = None,
     tensor_parallel_size: TensorParallel = 1,
+    load_format: LoadFormat = "auto",
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
@@ -265,6 +272,7 @@ def serve(
     kv_reservation: KVReservation = "paged",
     speculative_config: SpeculativeConfigOpt = None,
     tensor_parallel_size: TensorParallel = 1,
+    load_format: LoadFormat = "auto",
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -453,6 +461,9 @@ def run(
     tensor_parallel_size: Annotated[
         int | None, Opt(help="engine: processes the weights are split over")
     ] = None,
+    load_format: Annotated[
+        str | None, Opt(help="engine: auto | dummy (random weights of the model's shape)")
+    ] = None,
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""
@@ -571,14 +582,24 @@ def claims(
     out: Annotated[str | None, Opt(help="claims folder (default results/<time>-claims)")] = None,
     resume: Annotated[str | None, Opt(help="a claims folder: skip its finished claims")] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
+    engine: EngineKind = None,
+    sim_device: SimDevice = None,
+    sim_cost_model: SimCostModel = None,
+    sim_profile: SimProfile = None,
+    tensor_parallel_size: Annotated[
+        int, Opt(help="sim: GPUs the simulated model is split over")
+    ] = 1,
 ) -> None:
     """Measure the serving folklore on this machine: paging, continuous batching, chunked
     prefill, the engine vs naive serving, FP8, fused kernels, sharing and priority. Each claim
     is an ordinary sweep in its own folder; prints claim, what the brief says, what was
-    measured and a verdict, and writes claims.json and claims.html."""
-    from bench_cli.claims.runner import run_claims
+    measured and a verdict, and writes claims.json and claims.html. With --engine sim, the
+    claims a simulation can show, predicted for any model and device, in minutes; their
+    arrival rates scaled to that model and device's speed."""
+    from bench_cli.claims.runner import SimFlags, run_claims
 
-    code = run_claims(only, quick, model, base_url, out, resume, not no_dashboard, console)
+    sim = SimFlags(engine, sim_device, sim_cost_model, sim_profile, tensor_parallel_size)
+    code = run_claims(only, quick, model, base_url, out, resume, not no_dashboard, console, sim)
     raise typer.Exit(code)
 
 
@@ -604,6 +625,7 @@ def profile(
     block_size: BlockSize = 16,
     num_kv_blocks: NumKVBlocks = None,
     kv_cache_memory_gb: KVMemory = None,
+    load_format: LoadFormat = "auto",
 ) -> None:
     """Where an engine step's time goes: steps of one shape (decodes at a context, optionally
     beside a prefill chunk) timed by category (linears, attention, norms and activations, LM

@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 
 from bench_cli.claims.catalog import CLAIMS, select
-from bench_cli.claims.claim import Scale
+from bench_cli.claims.claim import Scale, Simulation, scale_rates
 from bench_cli.claims.evidence import Point, kv_waste, queue_delays, time_mean
-from bench_cli.claims.runner import run_claims
+from bench_cli.claims.runner import SimFlags, run_claims
 from bench_cli.claims.scheduling import judge_batching
 from bench_cli.claims.verdict import (
     FAILS,
@@ -108,7 +108,7 @@ def claims(tmp_path: Path, *args: str | None, **kw: str | None) -> tuple[int, st
     buf = io.StringIO()
     console = Console(file=buf, width=160)
     options = {"only": None, "quick": True, "model": None, "base_url": None, "out": None}
-    options |= {"resume": None} | kw
+    options |= {"resume": None, "sim": None} | kw
     code = run_claims(
         options["only"],
         bool(options["quick"]),
@@ -118,8 +118,59 @@ def claims(tmp_path: Path, *args: str | None, **kw: str | None) -> tuple[int, st
         options["resume"],
         False,
         console,
+        options["sim"],  # type: ignore[arg-type]
     )
     return code, buf.getvalue()
+
+
+def test_simulated_claims_scale_every_arrival_rate() -> None:
+    keys = {"rate": 0.5, "class": [{"rate": 2, "input_len": "8"}], "sweep": {"rate": [1, 4]}}
+    keys["concurrency"] = 8
+    scaled = scale_rates(keys, 10.0)
+    assert scaled == {
+        "rate": 5.0,
+        "class": [{"rate": 20.0, "input_len": "8"}],
+        "sweep": {"rate": [10.0, 40.0]},
+        "concurrency": 8,  # a closed loop keeps its users
+    }
+    sim = Scale.of(False, None, None, Simulation("h100", "roofline", rate_factor=10.0))
+    profile = sim.profile("x", rate=0.25)
+    assert profile["rate"] == 2.5 and profile["engine"] == "sim"
+    assert profile["sim_device"] == "h100" and profile["sim_cost_model"] == "roofline"
+    assert "enforce_eager" not in Scale.of(True, None, None, Simulation()).profile("x")
+
+
+def test_simulated_claims_size_their_loads_to_the_simulated_device() -> None:
+    flags = SimFlags("sim", "h100", "roofline")
+    sim = flags.simulation(False, "meta-llama/Llama-3.1-8B", None, Console(file=io.StringIO()))
+    assert sim is not None and sim.rate_factor > 1  # an H100 serves 8B faster than 2 cores 135M
+    here = SimFlags("sim").simulation(False, None, None, Console(file=io.StringIO()))
+    assert here == Simulation("local", rate_factor=1.0)
+    with pytest.raises(ValueError, match="only with --engine sim"):
+        SimFlags(None, "h100").simulation(False, None, None, Console(file=io.StringIO()))
+    with pytest.raises(ValueError, match="no --base-url"):
+        SimFlags("sim").simulation(False, None, "http://x", Console(file=io.StringIO()))
+
+
+def test_simulated_claims_run_in_seconds_and_say_so(tmp_path: Path) -> None:
+    out = tmp_path / "claims"
+    code, printed = claims(tmp_path, out=str(out), sim=SimFlags("sim", cost_model="roofline"))
+    assert code == 0, printed
+    record = json.loads((out / "claims.json").read_text())
+    assert record["simulation"]["device"] == "local"
+    for claim in CLAIMS:
+        found = record["findings"][claim.id]
+        if claim.missing or claim.not_simulated:
+            assert found["verdict"] == UNMEASURABLE
+            assert claim.missing or "not simulated" in found["why"]
+            continue
+        assert found["verdict"] != UNMEASURABLE, (claim.id, found)
+        config = next((out / f"{claim.id}-{claim.slug}" / "sweep").glob("p*/config.json"))
+        assert json.loads(config.read_text())["engine"]["simulated"], claim.id
+    assert "Claims SIMULATED on local" in printed and "predicted" in printed
+    assert "SIMULATED" in (out / "claims.html").read_text()
+    code, printed = claims(tmp_path, resume=str(out))  # the real engine: not the same run
+    assert code == 2 and "simulation" in printed
 
 
 def test_claims_about_engine_settings_are_not_measured_against_a_server(tmp_path: Path) -> None:

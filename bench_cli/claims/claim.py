@@ -16,28 +16,86 @@ FULL_MODEL = "smollm2-135m"
 
 
 @dataclass(frozen=True, slots=True)
+class Simulation:
+    """Claims run on the simulated engine (`bench run --engine sim`'s settings). The claims'
+    loads are sized for their model on this machine's engine; `rate_factor` is how much faster
+    the simulated model and device serve, and every arrival rate is multiplied by it, so each
+    load keeps the utilization it was designed for (closed loops need no scaling)."""
+
+    device: str = "local"
+    cost_model: str | None = None  # None: calibrated where a profile is found, else roofline
+    profile: str | None = None
+    tensor_parallel_size: int = 1
+    rate_factor: float = 1.0
+
+    @property
+    def where(self) -> str:
+        tp = self.tensor_parallel_size
+        return f"{tp} x {self.device}" if tp > 1 else self.device
+
+    def keys(self) -> dict[str, Any]:
+        keys = {"engine": "sim", "sim_device": self.device, "sim_cost_model": self.cost_model}
+        keys |= {"sim_profile": self.profile}
+        if self.tensor_parallel_size > 1:
+            keys["tensor_parallel_size"] = self.tensor_parallel_size
+        return {k: v for k, v in keys.items() if v is not None}
+
+
+@dataclass(frozen=True, slots=True)
 class Scale:
     """How big the experiments are: quick (the tiny model, small loads: what the tests run)
-    or full (SmolLM2, loads that take minutes); and the server a claim about servers meets."""
+    or full (SmolLM2, loads that take minutes); the server a claim about servers meets; and
+    whether the engine is simulated."""
 
     quick: bool
     model: str
     base_url: str | None = None
+    sim: Simulation | None = None
 
     @classmethod
-    def of(cls, quick: bool, model: str | None, base_url: str | None) -> Scale:
-        return cls(quick, model or (QUICK_MODEL if quick else FULL_MODEL), base_url)
+    def of(
+        cls, quick: bool, model: str | None, base_url: str | None, sim: Simulation | None = None
+    ) -> Scale:
+        return cls(quick, model or (QUICK_MODEL if quick else FULL_MODEL), base_url, sim)
 
     def pick(self, quick: Any, full: Any) -> Any:
         return quick if self.quick else full
 
     def profile(self, name: str, **keys: Any) -> dict[str, Any]:
         """A sweep profile's keys: the model, a warm-up request, and (quick) eager attention,
-        whose start-up skips torch.compile's seconds; then the claim's own keys."""
+        whose start-up skips torch.compile's seconds; then the claim's own keys; simulated,
+        the simulation's keys and every arrival rate scaled."""
         base: dict[str, Any] = {"name": name, "model": self.model, "warmup": 1}
-        if self.quick:
+        if self.quick and self.sim is None:
             base["enforce_eager"] = True
-        return base | keys
+        if self.sim is None:
+            return base | keys
+        return scale_rates(base | keys, self.sim.rate_factor) | self.sim.keys()
+
+
+RATE_KEYS = ("rate", "ramp_up_start_rps", "ramp_up_end_rps")
+
+
+def _scaled(rate: float, factor: float) -> float:
+    return rate if factor == 1 else float(f"{rate * factor:.3g}")  # 3 digits: names of points
+
+
+def scale_rates(keys: Any, factor: float) -> Any:
+    """A profile's keys with every arrival rate (a number or a list of them, at any depth:
+    classes, sweep axes) multiplied by factor."""
+    if isinstance(keys, list):
+        return [scale_rates(v, factor) for v in keys]
+    if not isinstance(keys, dict):
+        return keys
+    out = {}
+    for k, v in keys.items():
+        if k in RATE_KEYS and isinstance(v, int | float):
+            out[k] = _scaled(v, factor)
+        elif k in RATE_KEYS and isinstance(v, list):
+            out[k] = [_scaled(r, factor) if isinstance(r, int | float) else r for r in v]
+        else:
+            out[k] = scale_rates(v, factor)
+    return out
 
 
 Judge = Callable[[list[Point], Scale, Path], Finding]
@@ -56,6 +114,7 @@ class Claim:
     # measured.json in the claim's folder and read back by the judge
     measure: Callable[[Scale], dict[str, Any]] | None = None
     missing: str | None = None  # the engine feature it needs is not there yet: why
+    not_simulated: str | None = None  # why a simulated engine cannot show it (None: it can)
     about_server: bool = False  # measurable against --base-url (else it sets engine settings)
     minutes: tuple[float, float] = (0.3, 3.0)  # expected duration, quick and full, 2-core CPU
     notes: list[str] = field(default_factory=list)

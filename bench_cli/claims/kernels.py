@@ -101,5 +101,6 @@ FUSED = Claim(
     sweep=fused_sweep,
     judge=judge_fused,
     measure=measure_peak,
+    not_simulated="it compares code paths, which a cost model does not run",
     minutes=(0.5, 3.0),
 )

@@ -230,5 +230,6 @@ FP8 = Claim(
     sweep=fp8_sweep,
     judge=judge_fp8,
     measure=measure_fp8_accuracy,
+    not_simulated="its loss half needs the model's weights, and a simulation has none",
     minutes=(0.5, 5.5),
 )

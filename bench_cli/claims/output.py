@@ -28,8 +28,15 @@ def print_table(
     env: dict[str, Any],
 ) -> None:
     title = f"Claims measured here ({scale.model}{', quick' if scale.quick else ''})"
+    if scale.sim is not None:
+        quick = ", quick" if scale.quick else ""
+        title = (
+            f"Claims SIMULATED on {scale.sim.where} ({scale.model}{quick}; arrival rates "
+            f"x {scale.sim.rate_factor:g}): predictions, not measurements"
+        )
     table = Table(title=title, caption=escape(machine(env)), show_lines=True)
-    for name, ratio in (("claim", 1), ("the brief says", 3), ("measured here", 4), ("verdict", 1)):
+    said = "measured here" if scale.sim is None else "predicted"
+    for name, ratio in (("claim", 1), ("the brief says", 3), (said, 4), ("verdict", 1)):
         table.add_column(name, ratio=ratio, overflow="fold")
     for c in claims:
         f = findings.get(c.id)
@@ -77,6 +84,19 @@ def write_html(
     scale = (
         f"{record['model']}{' (quick: tiny random model, not evidence)' if record['quick'] else ''}"
     )
+    heading, banner = "The serving claims, measured here", ""
+    sim = record.get("simulation")
+    if sim:
+        tp = sim.get("tensor_parallel_size", 1)
+        where = f"{tp} x {sim['device']}" if tp > 1 else sim["device"]
+        heading = f"The serving claims, SIMULATED on {where}"
+        cost = sim.get("cost_model") or "calibrated where a profile is found, else roofline"
+        banner = (
+            "<p style='background:#fff8c5;border:1px solid #d4a72c;padding:8px'><b>SIMULATED"
+            f"</b>: the engine's scheduler on a virtual clock, steps timed by a cost model "
+            f"({html.escape(cost)}); arrival rates x {sim['rate_factor']:g}. Predictions, "
+            "not measurements.</p>"
+        )
     out = folder / "claims.html"
     out.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>servebench claims</title>"
@@ -84,7 +104,7 @@ def write_html(
         "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
         "padding:3px 8px}blockquote{color:#444;border-left:3px solid #ccc;margin:0;"
         "padding-left:10px}.dim{color:#777;font-size:12px}section{margin-bottom:36px}</style>"
-        "</head><body><h1>The serving claims, measured here</h1>"
+        f"</head><body><h1>{heading}</h1>{banner}"
         f"<p>Model {html.escape(scale)}. Thresholds fixed before the run (claims.json). "
         f"Machine: {html.escape(stamp)}</p>{''.join(sections)}</body></html>"
     )

@@ -4,6 +4,7 @@ claims.json, so an interrupted run keeps every finished claim and `--resume` ski
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.claims.catalog import CLAIMS, select
-from bench_cli.claims.claim import Claim, Scale
+from bench_cli.claims.claim import Claim, Scale, Simulation
 from bench_cli.claims.evidence import read_sweep
 from bench_cli.claims.verdict import Finding, unmeasurable
 from bench_cli.export import environment, run_dir, write_json
@@ -28,12 +29,14 @@ def run_claims(
     resume: str | None,
     dashboard: bool,
     console: Console,
+    sim_flags: SimFlags | None = None,
 ) -> int:
     from bench_cli.claims.output import print_table, write_html
 
     try:
         claims = select(only)
-        scale = Scale.of(quick, model, base_url)
+        sim = sim_flags.simulation(quick, model, base_url, console) if sim_flags else None
+        scale = Scale.of(quick, model, base_url, sim)
         folder = Path(resume) if resume else run_dir(out, "claims")
         record = _start(folder, scale, claims, resume is not None)
     except (ValueError, OSError) as e:
@@ -41,10 +44,12 @@ def run_claims(
         return 2
     todo = [c for c in claims if c.id not in record["findings"]]
     minutes = sum(c.minutes[0 if quick else 1] for c in todo if _runs(c, scale))
+    where = f"about {minutes:.0f} min on a 2-core CPU"
+    if sim is not None:
+        where = f"SIMULATED on {sim.where}, arrival rates x {sim.rate_factor:g}"
     console.print(
         f"bench claims: {len(claims)} claims ({len(claims) - len(todo)} done before) on "
-        f"{scale.model}{' (quick)' if quick else ''}, about {minutes:.0f} min on a 2-core "
-        f"CPU -> {folder}/",
+        f"{scale.model}{' (quick)' if quick else ''}, {where} -> {folder}/",
         highlight=False,
     )
     code = 0
@@ -72,7 +77,58 @@ def run_claims(
     return code
 
 
+@dataclass(frozen=True, slots=True)
+class SimFlags:
+    """`bench claims`' simulation flags as given."""
+
+    engine: str | None = None
+    device: str | None = None
+    cost_model: str | None = None
+    profile: str | None = None
+    tensor_parallel_size: int = 1
+
+    def simulation(
+        self, quick: bool, model: str | None, base_url: str | None, console: Console
+    ) -> Simulation | None:
+        """The simulation these flags ask for (None: the real engine), its rates scaled."""
+        from bench_cli.claims.simulated import simulation
+
+        if self.engine not in (None, "bundled", "sim"):
+            raise ValueError(f"--engine {self.engine!r}: expected bundled or sim")
+        if self.engine != "sim":
+            given = [name for name, v in self._sim_flags().items() if v]
+            if given:
+                raise ValueError(f"{', '.join(given)} only with --engine sim")
+            return None
+        if base_url:
+            raise ValueError("--engine sim simulates the bundled engine: no --base-url")
+        if self.cost_model not in (None, "calibrated", "roofline"):
+            raise ValueError(
+                f"--sim-cost-model {self.cost_model!r}: expected calibrated or roofline"
+            )
+        device = (self.device or "local").lower()
+        peak = None
+        if device != "local" or model or self.tensor_parallel_size > 1:
+            from bench_cli.device_peak import device_peak
+
+            with console.status("measuring this machine's peaks (once a machine) ..."):
+                peak = device_peak("cpu")
+        return simulation(
+            quick, model, device, self.cost_model, self.profile, self.tensor_parallel_size, peak
+        )
+
+    def _sim_flags(self) -> dict[str, Any]:
+        return {
+            "--sim-device": self.device,
+            "--sim-cost-model": self.cost_model,
+            "--sim-profile": self.profile,
+            "--tensor-parallel-size": self.tensor_parallel_size > 1,
+        }
+
+
 def _runs(claim: Claim, scale: Scale) -> bool:
+    if scale.sim is not None and claim.not_simulated:
+        return False
     return claim.missing is None and (scale.base_url is None or claim.about_server)
 
 
@@ -84,6 +140,7 @@ def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> d
         "quick": scale.quick,
         "model": scale.model,
         "base_url": scale.base_url,
+        "simulation": dataclasses.asdict(scale.sim) if scale.sim else None,
         "thresholds": {c.id: c.thresholds for c in claims},
         "environment": environment(),
         "findings": {},
@@ -93,7 +150,8 @@ def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> d
             before = json.loads((folder / "claims.json").read_text())
         except (OSError, ValueError) as e:
             raise ValueError(f"--resume {folder}: not a claims folder ({e})") from e
-        changed = [k for k in ("quick", "model", "base_url") if before.get(k) != record[k]]
+        keys = ("quick", "model", "base_url", "simulation")
+        changed = [k for k in keys if before.get(k) != record[k]]
         if changed:
             raise ValueError(f"--resume {folder}: it ran with other {', '.join(changed)}")
         record["thresholds"] = before["thresholds"] | record["thresholds"]
@@ -120,6 +178,8 @@ def _run_claim(
 
     if claim.missing:
         return unmeasurable(claim.missing)
+    if scale.sim is not None and claim.not_simulated:
+        return unmeasurable(f"not simulated: {claim.not_simulated}")
     if scale.base_url and not claim.about_server:
         return unmeasurable("it sets engine settings: run it on the bundled engine (no --base-url)")
     assert claim.sweep is not None and claim.judge is not None

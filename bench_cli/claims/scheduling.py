@@ -269,5 +269,6 @@ VS_NAIVE = Claim(
     sweep=naive_sweep,
     judge=judge_naive,
     about_server=True,
+    not_simulated="naive serving (a forward pass a request, no engine) is not the engine",
     minutes=(0.8, 13.0),
 )
