@@ -26,7 +26,9 @@ SCENARIOS: dict[str, list[str]] = {
     "poisson 0.8/s": ["--rate", "0.8"],
     "closed loop, 4 users": ["--concurrency", "4"],
     "static batches of 8, 0.5/s": ["--rate", "0.5", "--batching", "static", "--max-num-seqs", "8"],
+    "static batches of 8, 0.3/s": ["--rate", "0.3", "--batching", "static", "--max-num-seqs", "8"],
     "chunk 64 tokens, 0.5/s": ["--rate", "0.5", "--max-num-batched-tokens", "64"],
+    "chunk 64 tokens, 0.3/s": ["--rate", "0.3", "--max-num-batched-tokens", "64"],
     "shared prefix, cache on, 0.4/s": [
         "--rate", "0.4", "--shared-prefix-len", "256", "--num-prefix-groups", "2",
     ],
@@ -35,7 +37,9 @@ SCENARIOS: dict[str, list[str]] = {
         "--no-enable-prefix-caching",
     ],
 }  # fmt: skip
-# Loads below saturation on 2 cores (SmolLM2, float32): prompts of 32-256 tokens.
+# Prompts of 32-256 tokens, loads below saturation on 2 cores (SmolLM2, float32). The table
+# gives the real engine's mean queueing delay (arrival to first step): where requests wait
+# long (static batches wait for the running batch), any step-time error is amplified.
 COMMON = ["--input-len", "uniform:32:256", "--output-len", "uniform:16:96", "--seed", "11"]
 METRICS = [  # (label, summary key, stat)
     ("TTFT mean", "ttft_s", "mean"),
@@ -127,18 +131,26 @@ def main() -> None:
         common = sorted(set(real_e2e) & set(sim_e2e))
         per_req = [abs(sim_e2e[k] / real_e2e[k] - 1) for k in common]
         errors["E2E per request (mean |err|)"] = float(np.mean(per_req)) if per_req else np.nan
+        real["queue_ms"] = queue_ms(real_dir)
         rows.append((name, real, sim, errors))
         print(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items()), flush=True)
     print_table(rows)
     print(f"runs: {root}")
 
 
+def queue_ms(run: Path) -> float:
+    """The real engine's mean arrival-to-first-step delay (its steps.jsonl)."""
+    rows = [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]
+    delays = [q for r in rows for q in r.get("queue_s", [])]
+    return 1e3 * float(np.mean(delays)) if delays else float("nan")
+
+
 def print_table(rows: list[tuple[str, dict, dict, dict[str, float]]]) -> None:
     labels = [m[0] for m in METRICS] + ["E2E per request (mean |err|)"]
-    print("\n| scenario | " + " | ".join(labels) + " |")
-    print("|---" * (len(labels) + 1) + "|")
+    print("\n| scenario | real queue ms | " + " | ".join(labels) + " |")
+    print("|---" * (len(labels) + 2) + "|")
     for name, real, sim, errors in rows:
-        cells = []
+        cells = [f"{real['queue_ms']:.0f}"]
         for label, key, stat in METRICS:
             r, s = value(real, key, stat), value(sim, key, stat)
             scale = 1 if key == "output_throughput" else 1e3
