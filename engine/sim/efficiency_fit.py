@@ -32,7 +32,9 @@ def fit_efficiency(
         np.array(col) for col in zip(*(roofline.parts(s) for s in shapes), strict=True)
     )
     eff = roofline.eff
-    rest = y - link_lat - link_b / eff.interconnect
+    rest = np.maximum(y - link_lat - link_b / eff.interconnect, 1e-9)
+    # the extra of steps with prefill: only where some steps have prefill and some have not
+    apart = 0.0 < prefill.mean() < 1.0
     kernels = ((lin_f, lin_b), (head_f, head_b), (dec_f, dec_b))
     seen: set[bytes] = set()
     for _ in range(50):
@@ -45,7 +47,7 @@ def fit_efficiency(
         bytes_ = kv_b + sum(
             np.where(w, 0.0, b) for w, (_, b) in zip(compute_wins, kernels, strict=True)
         )
-        x = np.column_stack([flops, bytes_, pre_f, np.ones(len(y)), prefill])
+        x = np.column_stack([flops, bytes_, pre_f, np.ones(len(y)), prefill if apart else 0 * y])
         coef = nnls(x / rest[:, None], np.ones(len(y)))
         eff = replace(
             eff,

@@ -251,9 +251,8 @@ def step_model_for(
     weights = "fp8" if config.quantization == "fp8" else config.dtype
     kv = config.cache.kv_cache_dtype
     roofline = Roofline(model, device, config.dtype, weights, kv, config.tensor_parallel_size)
-    fitted = profile.efficiency(device.name) if profile is not None else None
-    if fitted is not None:  # measured on this device by bench calibrate
-        roofline.eff = fitted
+    if profile is not None and (fitted := profile.efficiency(device.name)) is not None:
+        roofline.eff = fitted  # measured on this device by bench calibrate
         roofline.efficiency_source = f"fitted by bench calibrate ({profile.fit.get('created_at')})"
     return roofline
 
