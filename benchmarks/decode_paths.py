@@ -5,10 +5,11 @@ noisy machine slows both alike; prints each path's median step and the ratio to 
     python benchmarks/decode_paths.py                          # eager vs compiled, B=1,8,32,64
     python benchmarks/decode_paths.py --batch 8 --context 512 --steps 40
 
-Paths: "eager" (enforce_eager=True: eager PyTorch, oneDNN-packed linears), "attention" (the
+Paths: "eager" (enforce_eager=True: eager PyTorch), "attention" (the
 eager model with the compiled decode attention of ops/cpu_decode_attention.py: the default
-before the compiled forward) and "compiled" (the default on CPU: steps of decodes run
-engine/model/compiled_forward.py). Greedy tokens of
+before the compiled forward), "onednn" (the compiled forward with every linear through
+oneDNN: the default before ops/cpu_linear.cpp's kernel) and "compiled" (the
+default on CPU: steps of decodes run engine/model/compiled_forward.py). Greedy tokens of
 every path are compared: the ratio is only printed for paths that agree."""
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ import torch
 from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
+from engine.model_store import load_shared
+from engine.ops import cpu_linear
 
 PATHS = {
     "eager": {"enforce_eager": True},
     "attention": {"enforce_eager": False},  # before the compiled forward: attention alone
+    "onednn": {"enforce_eager": False},  # compiled, linears through oneDNN
     "compiled": {"enforce_eager": False},
 }
 
@@ -52,6 +56,14 @@ def setup(model: str, args: dict, batch: int, context: int, steps: int) -> LLMEn
 
 
 def setup_path(name: str, model: str, batch: int, context: int, steps: int) -> LLMEngine:
+    if name == "onednn":  # a model of its own, packed for oneDNN
+        native, cpu_linear.native_kernel = cpu_linear.native_kernel, lambda: False
+        load_shared.cache_clear()
+        try:
+            return setup(model, PATHS[name], batch, context, steps)
+        finally:
+            cpu_linear.native_kernel = native
+            load_shared.cache_clear()
     eng = setup(model, PATHS[name], batch, context, steps)
     if name == "attention":
         eng.runner.compiled_forward = False  # eager model, compiled decode attention

@@ -1,13 +1,17 @@
 """oneDNN-prepacked linears on CPU: the same products as F.linear on both of their paths,
 what the engine packs, and that packing changes no greedy token."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.model.loader import load_model
-from engine.ops.cpu_linear import MKL_MIN_ROWS, PackedLinear, onednn_packing_enabled
+from engine.ops.cpu_linear import MKL_MIN_ROWS, PackedLinear, native_kernel, onednn_packing_enabled
 from engine.ops.fp8 import Fp8Linear
 
 pytestmark = pytest.mark.skipif(
@@ -15,17 +19,44 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("rows", [0, 1, 7, 32, MKL_MIN_ROWS - 1, MKL_MIN_ROWS])
-def test_packed_linear_equals_f_linear(rows: int) -> None:
+# Every tile height of the kernel (1-6 rows, then 6 + 1..6), and oneDNN's and MKL's ranges.
+ROWS = [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 32, 65, MKL_MIN_ROWS - 1, MKL_MIN_ROWS]
+
+
+# (96, 160): whole blocks of 16 weight rows; (101, 163): a padded last block.
+@pytest.mark.parametrize("shape", [(96, 160), (101, 163)])
+@pytest.mark.parametrize("rows", ROWS)
+def test_packed_linear_equals_f_linear(rows: int, shape: tuple[int, int]) -> None:
     g = torch.Generator().manual_seed(rows)
-    linear = torch.nn.Linear(96, 160, bias=False)
+    linear = torch.nn.Linear(*shape, bias=False)
     torch.nn.init.normal_(linear.weight, generator=g)
-    x = torch.randn(rows, 96, generator=g)
+    x = torch.randn(rows, shape[0], generator=g)
     packed = PackedLinear.from_linear(linear)
     with torch.inference_mode():
         got = packed(x)
-    assert got.shape == (rows, 160) and got.is_contiguous()
+        strided = packed(torch.randn(rows, 2 * shape[0], generator=g)[:, ::2])
+    assert got.shape == (rows, shape[1]) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, linear.weight), rtol=1e-5, atol=1e-4)
+    assert strided.shape == got.shape
+
+
+def test_the_kernel_is_built_here() -> None:
+    assert native_kernel(), "torch's extension builder failed here (see the warning)"
+    packed = PackedLinear(torch.ones(20, 8))
+    assert packed.native and packed.packed_weight.shape == (2, 8, 16)  # 2 blocks, padded
+
+
+def test_without_the_kernel_oneDNN_computes_the_same_product() -> None:
+    code = (
+        "import torch, torch.nn.functional as F; "
+        "from engine.ops.cpu_linear import PackedLinear, native_kernel; "
+        "assert not native_kernel(); w = torch.randn(40, 24); p = PackedLinear(w); "
+        "assert not p.native and p.packed_weight.layout == torch._mkldnn; "
+        "[torch.testing.assert_close(p(x), F.linear(x, w), rtol=1e-5, atol=1e-4) "
+        "for x in (torch.randn(3, 24), torch.randn(70, 24))]"
+    )
+    env = {**os.environ, "SERVEBENCH_CPU_KERNELS": "0"}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
 def test_bias_is_refused() -> None:

@@ -45,7 +45,7 @@ def test_the_compiled_forward_is_split_into_linears_and_the_fused_rest(tmp_path:
     assert rates["LM head"]["flops"] == 2 * 64 * 512 * 3  # tiny-llama: hidden 64, vocab 512
     assert report["decode_context"] >= 3 * 21
     names = _trace_names(report)
-    assert SCOPE + COMPILED_REST in names and "servebench::packed_linear" in names
+    assert SCOPE + COMPILED_REST in names and "servebench::linear" in names
     for text in ("linears", "memory floor", "peaks measured now", "trace:", "GB/s"):
         assert text in output
 

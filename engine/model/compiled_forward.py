@@ -4,7 +4,7 @@ layers (their weights are inputs of the graph, not constants), in two kinds:
 - decode: a step of decodes only runs the whole layer as one graph, in which inductor fuses
   the norms, rotary, SiLU, residual adds, the cache write and the attention (ops/
   cpu_decode_attention.py's formula, reading K/V in the paged cache) into C++ loops between the
-  linears, which stay oneDNN's packed products (ops/cpu_linear.py's `servebench::packed_linear`).
+  linears, which stay ops (ops/cpu_linear.py: `servebench::linear`, or `packed_linear`).
 - step: any other step (prefill chunks, alone or beside decodes) runs the layer with its
   attention as an opaque op, `servebench::paged_attention`, which takes the step's metadata and
   the layer's cache from the step being computed (as vLLM's attention op reads its forward

@@ -1,0 +1,82 @@
+"""The CPU linear paths side by side, float32: the engine's kernel (`servebench::linear`,
+engine/ops/cpu_linear.cpp), oneDNN's packed product and MKL (`F.linear`), over the linears of
+a model's layers so that the weights stream from memory as in a step (not from cache), at each
+row count; paths take turns, and each row's ratios are to the kernel.
+
+    python benchmarks/cpu_linear.py                      # SmolLM2-135M's shapes, 30 layers
+    python benchmarks/cpu_linear.py --rows 1 8 64 --layers 10 --passes 5
+
+Also prints a sum over the same weights (what reading them costs) for the memory-bound rows."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+# isort: off
+import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allocates)
+
+# isort: on
+import torch
+import torch.nn.functional as F
+
+from engine.ops.cpu_linear import native_kernel, packed_product, to_blocks
+
+SMOLLM2 = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # QKV, O, gate/up, down
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 256, 1024])
+    p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--passes", type=int, default=4, help="per path and row count (min is kept)")
+    args = p.parse_args()
+    if not native_kernel():
+        raise SystemExit("the kernel could not be built here (see the warning)")
+    gen = torch.Generator().manual_seed(0)
+    plain = [
+        [torch.randn(o, i, generator=gen) * 0.02 for o, i in SMOLLM2] for _ in range(args.layers)
+    ]
+    blocks = [[to_blocks(w) for w in ws] for ws in plain]
+    onednn = [[torch.ops.mkldnn._reorder_linear_weight(w) for w in ws] for ws in plain]
+    nbytes = sum(w.numel() * 4 for ws in plain for w in ws)
+    threads = torch.get_num_threads()
+    print(f"{args.layers} layers of {SMOLLM2} (out, in), {nbytes / 2**20:.0f} MiB, "
+          f"{threads} threads; ms for all layers, min of {args.passes}")  # fmt: skip
+    paths = {
+        "kernel": lambda x, n, j: torch.ops.servebench.linear(x, blocks[n][j], SMOLLM2[j][0]),
+        "oneDNN": lambda x, n, j: packed_product(x, onednn[n][j]),
+        "MKL": lambda x, n, j: F.linear(x, plain[n][j]),
+    }
+    print(f"{'rows':>5} " + " ".join(f"{n + ' ms':>10}" for n in paths)
+          + "  kernel GB/s  GFLOP/s  oneDNN/kernel  MKL/kernel")  # fmt: skip
+    with torch.inference_mode():
+        for rows in args.rows:
+            xs = {i: torch.randn(rows, i, generator=gen) for _, i in SMOLLM2}
+            want = F.linear(xs[576], plain[0][0])
+            torch.testing.assert_close(paths["kernel"](xs[576], 0, 0), want, rtol=1e-4, atol=1e-4)
+            best = {n: float("inf") for n in paths}
+            for _ in range(args.passes):
+                for name, f in paths.items():
+                    t0 = time.perf_counter()
+                    for layer in range(args.layers):
+                        for j, (_, i) in enumerate(SMOLLM2):
+                            f(xs[i], layer, j)
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            k = best["kernel"]
+            flops = 2 * rows * nbytes / 4
+            cells = " ".join(f"{best[n] * 1e3:10.2f}" for n in paths)
+            print(f"{rows:5d} {cells}  {nbytes / k / 1e9:11.1f}  {flops / k / 1e9:7.0f}  "
+                  f"{best['oneDNN'] / k:13.2f}x  {best['MKL'] / k:9.2f}x", flush=True)  # fmt: skip
+        t = float("inf")
+        for _ in range(args.passes):
+            t0 = time.perf_counter()
+            for ws in plain:
+                for w in ws:
+                    w.sum()
+            t = min(t, time.perf_counter() - t0)
+        print(f"a sum over the same weights: {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s)")
+
+
+if __name__ == "__main__":
+    main()
