@@ -116,7 +116,8 @@ def engine_line(engine: Any) -> str:
         f"{engine.weight_bytes_bf16 / 2**20:.0f} MiB in bfloat16) · KV cache "
         f"{engine.kv.num_blocks} blocks x {c.cache.block_size} tokens, {kv_gib:.2f} GiB "
         f"({c.cache.kv_cache_dtype}) · {c.attention_backend} kernels, decode attention "
-        f"{engine.decode_attention}, forward {engine.model_forward}{speculation}{parallel}"
+        f"{engine.decode_attention}, forward {engine.model_forward}, linears {engine.linears}"
+        f"{speculation}{parallel}"
     )
 
 

@@ -81,12 +81,13 @@ class LocalServer:
 
     def engine_config(self) -> dict[str, Any] | None:
         """The server's resolved engine config, with its weight and KV memory under "memory",
-        the attention and forward paths it runs under "decode_attention" and "model_forward",
+        the attention, forward and linear paths it runs under "decode_attention",
+        "model_forward" and "linears",
         and the model's shape under "model_shape"."""
         try:
             with urllib.request.urlopen(f"{self.base_url}/engine/config", timeout=5) as r:
                 body = json.loads(r.read())
-                keys = ("memory", "decode_attention", "model_forward", "model_shape")
+                keys = ("memory", "decode_attention", "model_forward", "linears", "model_shape")
                 extra = {k: body.get(k) for k in keys}
                 return {**body["engine"], **extra}
         except (urllib.error.URLError, OSError, ValueError, KeyError):

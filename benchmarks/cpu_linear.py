@@ -1,5 +1,5 @@
 """The CPU linear paths side by side, float32: the engine's kernel (`servebench::linear`,
-engine/ops/cpu_linear.cpp), oneDNN's packed product and MKL (`F.linear`), over the linears of
+engine/ops/cpu_kernels.cpp), oneDNN's packed product and MKL (`F.linear`), over the linears of
 a model's layers so that the weights stream from memory as in a step (not from cache), at each
 row count; paths take turns, and each row's ratios are to the kernel.
 
@@ -20,7 +20,8 @@ import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allo
 import torch
 import torch.nn.functional as F
 
-from engine.ops.cpu_linear import native_kernel, packed_product, to_blocks
+from engine.ops import cpu_kernels
+from engine.ops.cpu_linear import packed_product, to_blocks
 
 SMOLLM2 = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # QKV, O, gate/up, down
 
@@ -31,7 +32,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--passes", type=int, default=4, help="per path and row count (min is kept)")
     args = p.parse_args()
-    if not native_kernel():
+    if not cpu_kernels.available():
         raise SystemExit("the kernel could not be built here (see the warning)")
     gen = torch.Generator().manual_seed(0)
     plain = [

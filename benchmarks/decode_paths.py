@@ -7,8 +7,9 @@ noisy machine slows both alike; prints each path's median step and the ratio to 
 
 Paths: "eager" (enforce_eager=True: eager PyTorch), "attention" (the
 eager model with the compiled decode attention of ops/cpu_decode_attention.py: the default
-before the compiled forward), "onednn" (the compiled forward with every linear through
-oneDNN: the default before ops/cpu_linear.cpp's kernel) and "compiled" (the
+before the compiled forward), "no-kernels" (the compiled forward without the engine's C++
+kernels, ops/cpu_kernels.cpp: oneDNN linears, inductor's decode attention; the default before
+them) and "compiled" (the
 default on CPU: steps of decodes run engine/model/compiled_forward.py). Greedy tokens of
 every path are compared: the ratio is only printed for paths that agree."""
 
@@ -28,12 +29,12 @@ from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
 from engine.model_store import load_shared
-from engine.ops import cpu_linear
+from engine.ops import cpu_kernels
 
 PATHS = {
     "eager": {"enforce_eager": True},
     "attention": {"enforce_eager": False},  # before the compiled forward: attention alone
-    "onednn": {"enforce_eager": False},  # compiled, linears through oneDNN
+    "no-kernels": {"enforce_eager": False},  # compiled, without ops/cpu_kernels.cpp
     "compiled": {"enforce_eager": False},
 }
 
@@ -56,13 +57,13 @@ def setup(model: str, args: dict, batch: int, context: int, steps: int) -> LLMEn
 
 
 def setup_path(name: str, model: str, batch: int, context: int, steps: int) -> LLMEngine:
-    if name == "onednn":  # a model of its own, packed for oneDNN
-        native, cpu_linear.native_kernel = cpu_linear.native_kernel, lambda: False
+    if name == "no-kernels":  # a model of its own, packed for oneDNN
+        native, cpu_kernels.available = cpu_kernels.available, lambda: False
         load_shared.cache_clear()
         try:
             return setup(model, PATHS[name], batch, context, steps)
         finally:
-            cpu_linear.native_kernel = native
+            cpu_kernels.available = native
             load_shared.cache_clear()
     eng = setup(model, PATHS[name], batch, context, steps)
     if name == "attention":

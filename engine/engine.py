@@ -24,7 +24,8 @@ from engine.model.cost import StepShape, step_cost
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
 from engine.model_store import kv_scales as load_kv_scales
-from engine.ops.fp8 import FP8
+from engine.ops.cpu_linear import PackedLinear
+from engine.ops.fp8 import FP8, Fp8Linear
 from engine.spec_decode.speculator import Speculator, speculation_stats
 
 logger = logging.getLogger(__name__)
@@ -189,6 +190,16 @@ class LLMEngine:
         if self.runner.triton:
             return "triton"
         return "compiled" if self.runner.compiled_forward else "eager"
+
+    @property
+    def linears(self) -> str:
+        """What the layers' float linears run as: 'kernel' (engine/ops/cpu_kernels.cpp),
+        'onednn' (where that cannot be built), 'fp8', or 'torch' (CUDA, bf16 on CPU,
+        SERVEBENCH_ONEDNN=0)."""
+        linear = self.runner.model.layers[0].mlp.down_proj
+        if isinstance(linear, PackedLinear):
+            return "kernel" if linear.native else "onednn"
+        return "fp8" if isinstance(linear, Fp8Linear) else "torch"
 
     def add_request(
         self,

@@ -29,7 +29,7 @@ class ModelKey(NamedTuple):
     device: torch.device
     seed: int
     quantization: str | None
-    pack: bool  # oneDNN-prepacked CPU linears
+    pack: bool  # CPU linears re-laid out (engine/ops/cpu_linear.py)
     tp_rank: int = 0  # tensor parallelism: this rank's shard of the weights
     tp_size: int = 1
     load_format: str = "auto"  # dummy: random weights of the model's shape

@@ -339,6 +339,7 @@ class InProcessBackend:
         return engine.config.to_dict() | {
             "decode_attention": engine.decode_attention,
             "model_forward": engine.model_forward,
+            "linears": engine.linears,
         }
 
     async def start(self) -> None:

@@ -59,6 +59,7 @@ class SimBackend:
         return engine.config.to_dict() | {
             "decode_attention": "simulated",
             "model_forward": "simulated",
+            "linears": "simulated",
             "simulated": True,
             "sim": engine.runner.step_model.describe(),  # type: ignore[attr-defined]
             "weight_bytes": engine.weight_bytes,

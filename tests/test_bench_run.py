@@ -67,6 +67,7 @@ def test_run_against_the_bundled_engine(tmp_path: Path, target: str, flags: dict
     assert summary["config"]["engine"]["scheduler"]["max_num_seqs"] == 8
     assert summary["config"]["engine"]["decode_attention"] == "compiled"
     assert summary["config"]["engine"]["model_forward"] == "compiled"
+    assert summary["config"]["engine"]["linears"] == "kernel"
     config = json.loads((out / "config.json").read_text())
     assert config["versions"]["torch"] and "cpu_count" in config["hardware"]
     assert len(pd.read_csv(out / "summary.csv")) == 1

@@ -101,7 +101,8 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
 
 
 def test_fp8_and_enforce_eager_stay_eager() -> None:
-    assert LLM("tiny-llama", quantization="fp8").llm_engine.model_forward == "eager"
+    fp8 = LLM("tiny-llama", quantization="fp8").llm_engine
+    assert fp8.model_forward == "eager" and fp8.linears == "fp8"
     assert LLM("tiny-llama", kv_cache_dtype="fp8").llm_engine.model_forward == "eager"
     assert LLM("tiny-llama", enforce_eager=True).llm_engine.model_forward == "eager"
 

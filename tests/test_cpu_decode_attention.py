@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention, paged_attention
+from engine.ops import (
+    AttentionMetadata,
+    KVCache,
+    cpu_decode_attention,
+    cpu_kernels,
+    paged_attention,
+)
 
 
 def decode_case(
@@ -118,3 +124,35 @@ def test_warm_up_refuses_a_wrong_kernel(
     k_cache = torch.zeros(3, 8, 16, 64, dtype=dtype)
     with pytest.raises(RuntimeError, match="disagrees with its float32 formula"):
         cpu_decode_attention.warm_up(k_cache, 3, dtype, 64**-0.5)
+
+
+@pytest.mark.parametrize(
+    ("batch", "max_len", "head_dim", "group"),
+    [(1, 1, 64, 3), (2, 17, 64, 3), (5, 100, 64, 1), (9, 300, 128, 4)],
+)
+def test_the_engines_kernel_computes_the_formula(
+    batch: int, max_len: int, head_dim: int, group: int
+) -> None:
+    """ops/cpu_kernels.cpp's decode attention against `decode_attention` in float32: scattered
+    blocks, partial last blocks, and table padding past each context that must not be read."""
+    assert cpu_kernels.available()
+    gen = torch.Generator().manual_seed(batch)
+    kv_heads, bs = 2, 16
+    nb = -(-max_len // bs)
+    pool = batch * nb + 3
+    k, v = (torch.randn(kv_heads, pool, bs, head_dim, generator=gen) for _ in "kv")
+    tables = torch.randperm(pool, generator=gen)[: batch * nb].view(batch, nb)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=gen)
+    lens[0] = max_len
+    mask = torch.arange(nb * bs)[None] < lens[:, None]
+    for i, n in enumerate(lens.tolist()):
+        tables[i, -(-n // bs) :] = 10**6  # padding: out of the pool, never in the context
+    q = torch.randn(batch, kv_heads, group, head_dim, generator=gen)
+    got = torch.ops.servebench.decode_attention(q, k, v, tables, mask, head_dim**-0.5)
+    safe = tables.clamp(max=pool - 1)  # the formula reads every entry (masked after)
+    want = cpu_decode_attention.decode_attention(q, k, v, safe, mask, head_dim**-0.5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    bad = tables.clone()
+    bad[0, 0] = pool  # a block in the context out of the pool: refused, not read
+    with pytest.raises(RuntimeError, match="block"):
+        torch.ops.servebench.decode_attention(q, k, v, bad, mask, 1.0)

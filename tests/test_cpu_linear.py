@@ -1,5 +1,6 @@
-"""oneDNN-prepacked linears on CPU: the same products as F.linear on both of their paths,
-what the engine packs, and that packing changes no greedy token."""
+"""Re-laid-out linears on CPU (the engine's kernel, oneDNN where it is not built): the same
+products as F.linear at every tile height and path, what the engine packs, and that packing
+changes no greedy token."""
 
 import os
 import subprocess
@@ -11,7 +12,8 @@ import torch.nn.functional as F
 
 from engine import LLM, SamplingParams
 from engine.model.loader import load_model
-from engine.ops.cpu_linear import MKL_MIN_ROWS, PackedLinear, native_kernel, onednn_packing_enabled
+from engine.ops import cpu_kernels
+from engine.ops.cpu_linear import MKL_MIN_ROWS, PackedLinear, onednn_packing_enabled
 from engine.ops.fp8 import Fp8Linear
 
 pytestmark = pytest.mark.skipif(
@@ -31,17 +33,17 @@ def test_packed_linear_equals_f_linear(rows: int, shape: tuple[int, int]) -> Non
     linear = torch.nn.Linear(*shape, bias=False)
     torch.nn.init.normal_(linear.weight, generator=g)
     x = torch.randn(rows, shape[0], generator=g)
+    x2 = torch.randn(rows, 2 * shape[0], generator=g)[:, ::2]  # a strided view
     packed = PackedLinear.from_linear(linear)
     with torch.inference_mode():
-        got = packed(x)
-        strided = packed(torch.randn(rows, 2 * shape[0], generator=g)[:, ::2])
+        got, strided = packed(x), packed(x2)
     assert got.shape == (rows, shape[1]) and got.is_contiguous()
     torch.testing.assert_close(got, F.linear(x, linear.weight), rtol=1e-5, atol=1e-4)
-    assert strided.shape == got.shape
+    torch.testing.assert_close(strided, F.linear(x2, linear.weight), rtol=1e-5, atol=1e-4)
 
 
 def test_the_kernel_is_built_here() -> None:
-    assert native_kernel(), "torch's extension builder failed here (see the warning)"
+    assert cpu_kernels.available(), "torch's extension builder failed here (see the warning)"
     packed = PackedLinear(torch.ones(20, 8))
     assert packed.native and packed.packed_weight.shape == (2, 8, 16)  # 2 blocks, padded
 
@@ -49,8 +51,9 @@ def test_the_kernel_is_built_here() -> None:
 def test_without_the_kernel_oneDNN_computes_the_same_product() -> None:
     code = (
         "import torch, torch.nn.functional as F; "
-        "from engine.ops.cpu_linear import PackedLinear, native_kernel; "
-        "assert not native_kernel(); w = torch.randn(40, 24); p = PackedLinear(w); "
+        "from engine.ops.cpu_kernels import available; "
+        "from engine.ops.cpu_linear import PackedLinear; "
+        "assert not available(); w = torch.randn(40, 24); p = PackedLinear(w); "
         "assert not p.native and p.packed_weight.layout == torch._mkldnn; "
         "[torch.testing.assert_close(p(x), F.linear(x, w), rtol=1e-5, atol=1e-4) "
         "for x in (torch.randn(3, 24), torch.randn(70, 24))]"
@@ -96,9 +99,11 @@ def test_engine_packs_by_default_and_greedy_tokens_do_not_change(
     args = dict(dtype="float32", num_kv_blocks=64, seed=3)
     packed = LLM("tiny-llama", **args)
     assert isinstance(packed.llm_engine.runner.model.layers[0].self_attn.qkv_proj, PackedLinear)
+    assert packed.llm_engine.linears == "kernel"
     monkeypatch.setenv("SERVEBENCH_ONEDNN", "0")
     plain = LLM("tiny-llama", **args)
     assert isinstance(plain.llm_engine.runner.model.layers[0].mlp.down_proj, torch.nn.Linear)
+    assert plain.llm_engine.linears == "torch"
     got = [o.outputs[0].token_ids for o in packed.generate(prompts, params)]
     want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
     assert got == want

@@ -10,7 +10,7 @@ import torch
 from engine import LLMEngine, SamplingParams
 from engine.config import EngineConfig
 from engine.model_store import load_shared
-from engine.ops import cpu_linear
+from engine.ops import cpu_kernels, cpu_linear
 
 
 def varied_load(engine: LLMEngine, rng: random.Random, n: int, start: int = 0) -> None:
@@ -34,7 +34,7 @@ def test_packed_linears_run_at_a_bounded_set_of_row_counts(monkeypatch: pytest.M
         return real(x, w)
 
     monkeypatch.setattr(cpu_linear, "packed_product", recording)
-    monkeypatch.setattr(cpu_linear, "native_kernel", lambda: False)
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
     load_shared.cache_clear()  # models packed for the kernel by earlier tests
     try:
         engine = LLMEngine(EngineConfig.from_kwargs("tiny-llama", max_num_seqs=8))

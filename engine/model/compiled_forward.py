@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM
-from engine.ops import AttentionMetadata, KVCache, paged_attention, write_kv_cache
+from engine.ops import AttentionMetadata, KVCache, cpu_kernels, paged_attention, write_kv_cache
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +163,8 @@ def step_forward(
 
 
 def supported(model: LlamaForCausalLM, kv_cache: KVCache) -> bool:
-    """Plain or oneDNN-packed linears and an unscaled cache: fp8 weights and caches take the
-    eager path, whose dequantization this graph does not have."""
+    """Plain or packed (engine/ops/cpu_linear.py) linears and an unscaled cache: fp8 weights
+    and caches take the eager path, whose dequantization this graph does not have."""
     from engine.ops.cpu_linear import PackedLinear
 
     linears = (getattr(parent, name) for parent, name in model._layer_linears())
@@ -195,6 +195,7 @@ def warm_up(
     kind that disagrees raises."""
     if not _state["enabled"] or not supported(model, kv_cache):
         return False
+    cpu_kernels.available()  # decode attention's kernel, if the linears did not build it
     p = model.embed_tokens.weight
     heads, _, block_size, head_dim = kv_cache.k.shape
     key = (type(model).__name__, tuple(p.shape), len(model.layers), heads, block_size,

@@ -1,15 +1,15 @@
 """Linear layers for CPU inference with the weight re-laid out once, at load: for this
-project's kernel (cpu_linear.cpp) where it can be built, else for oneDNN.
+project's kernel (cpu_kernels.cpp) where it can be built, else for oneDNN.
 
-cpu_linear.cpp's `servebench::linear` holds the weight in blocks of 16 output rows, each k's
+cpu_kernels.cpp's `servebench::linear` holds the weight in blocks of 16 output rows, each k's
 16 weights adjacent, and computes 6 rows of x per pass with x broadcast: at one row it streams
 the weights at memory speed, at many it is bound by FMAs. Measured here (README, "Measured
-design choices") it beat oneDNN's packed product and MKL at every row count from 1 to 1024
-(1.3-1.9x at 1-64 rows: oneDNN pays ~30 us a call before it starts, 121 calls a decode step on
-SmolLM2, and streamed 15-18 GB/s where a sum reads 26-30) and tied MKL at 2048. It is a C++
-op, so compiled graphs call it without Python, and keeps no state per shape. torch's extension
-builder compiles it at first use (~12 s once per machine and source, then cached); where that
-fails the engine logs a warning and uses oneDNN as below. `SERVEBENCH_CPU_KERNELS=0` does too.
+design choices") it beat oneDNN's packed product at every row count from 1 to 1024 (1.3-1.5x
+at 1-64 rows: oneDNN pays ~30 us a call before it starts, 121 calls a decode step on SmolLM2,
+and streamed 15-18 GB/s where a sum reads 26-30; 1.1-1.2x at 256-1024), beat MKL by more, and
+tied MKL at 2048. It is a C++ op, so compiled graphs call it without Python, and keeps no
+state per shape. Where cpu_kernels.py cannot build it (or `SERVEBENCH_CPU_KERNELS=0`) the
+engine uses oneDNN as below.
 
 `F.linear` on CPU calls MKL's sgemm, which repacks the weight into its kernel's layout on
 every call: for decode-sized inputs (a few dozen rows) that repacking costs about as much as
@@ -24,51 +24,16 @@ README, "Measured design choices".
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from engine.ops import cpu_kernels
 
 MKL_MIN_ROWS = 1024  # where MKL's kernel starts to win over oneDNN (measured: README)
-BLOCK = 16  # cpu_linear.cpp's NB: output rows per block of its weight layout
-# The flags ATen builds its own kernels with for each CPU capability (its vec types need them).
-ISA_FLAGS = {
-    "AVX2": ["-mavx2", "-mfma", "-mbmi", "-mbmi2", "-mf16c"],
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
-}
-
-
-@functools.cache
-def native_kernel() -> bool:
-    """Build (once per machine and source) and load cpu_linear.cpp's op; False if this
-    machine cannot (no compiler, no ninja) or `SERVEBENCH_CPU_KERNELS=0`."""
-    if os.environ.get("SERVEBENCH_CPU_KERNELS") == "0":
-        return False
-    cap = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP's: torch's own thread pool
-    if cap in ISA_FLAGS:
-        flags += [*ISA_FLAGS[cap], f"-DCPU_CAPABILITY_{cap}", f"-DCPU_CAPABILITY={cap}"]
-    try:
-        from torch.utils.cpp_extension import load
-
-        source = Path(__file__).with_suffix(".cpp")
-        load(f"servebench_cpu_linear_{cap.lower()}", [str(source)], extra_cflags=flags,
-             extra_ldflags=["-fopenmp"], is_python_module=False)  # fmt: skip
-    except Exception as e:
-        logger.warning("the CPU linear kernel could not be built, using oneDNN: %s", e)
-        return False
-
-    @torch.library.register_fake("servebench::linear")
-    def _(x: torch.Tensor, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
-        return x.new_empty(x.shape[0], out_features)
-
-    return True
+BLOCK = 16  # cpu_kernels.cpp's NB: output rows per block of its weight layout
 
 
 def to_blocks(weight: torch.Tensor) -> torch.Tensor:
@@ -142,7 +107,7 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.native = native_kernel()
+        self.native = cpu_kernels.available()
         w = weight.detach()
         packed = to_blocks(w) if self.native else torch.ops.mkldnn._reorder_linear_weight(w)
         self.register_buffer("packed_weight", packed, persistent=False)

@@ -246,6 +246,7 @@ async def engine_config(request: web.Request) -> web.Response:
             },
             "decode_attention": engine.decode_attention,
             "model_forward": engine.model_forward,
+            "linears": engine.linears,
             "model_shape": asdict(engine.model_config),  # for FLOP counts
         }
     )

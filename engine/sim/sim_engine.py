@@ -100,6 +100,10 @@ class SimEngine(LLMEngine):
         return "simulated"
 
     @property
+    def linears(self) -> str:
+        return "simulated"
+
+    @property
     def last_step_s(self) -> float:
         return self.runner.last_step_s  # type: ignore[attr-defined]
 

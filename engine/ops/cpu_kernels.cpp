@@ -1,0 +1,219 @@
+// The engine's CPU kernels (float32), built and registered by engine/ops/cpu_kernels.py.
+//
+// servebench::linear: y = x W^T for every row count, with the weight re-laid out once at load
+// (engine/ops/cpu_linear.py).
+//
+// The weight is held in blocks of NB output rows, [ceil(n / NB), k, NB] (the last block
+// zero-padded): for each k a block's NB weights are adjacent, so MR rows of x times one block is
+// MR * NB / Vec::size() vector FMAs per k, x[k] broadcast, no horizontal sums, and each weight
+// load serves MR rows. At one row that streams the weights at memory speed; at many rows it is
+// bound by FMAs. Blocks are split over torch's threads (at::parallel_for, OpenMP); each block
+// is read from memory once and from cache for the next MR rows of x. Vectorized through ATen's
+// vec types, so the same source builds for AVX2 or AVX-512 (cpu_kernels.py sets the macros).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t NB = 16;  // weight rows per block
+constexpr int64_t MR = 6;   // rows of x per pass: MR * NB / 8 = 12 accumulators on AVX2
+constexpr int64_t NV = NB / Vec::size();
+
+// Rows [0, M) of x times one block: y[i, 0:cols] for each row i.
+template <int64_t M>
+void tile(const float* x, int64_t k, const float* block, float* y, int64_t ldy, int64_t cols) {
+  Vec acc[M][NV];
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t v = 0; v < NV; ++v) acc[i][v] = Vec(0.f);
+  for (int64_t j = 0; j < k; ++j) {
+    Vec w[NV];
+    for (int64_t v = 0; v < NV; ++v) w[v] = Vec::loadu(block + j * NB + v * Vec::size());
+    for (int64_t i = 0; i < M; ++i) {
+      const Vec xj(x[i * k + j]);
+      for (int64_t v = 0; v < NV; ++v) acc[i][v] = at::vec::fmadd(xj, w[v], acc[i][v]);
+    }
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    if (cols == NB) {
+      for (int64_t v = 0; v < NV; ++v) acc[i][v].store(y + i * ldy + v * Vec::size());
+    } else {  // the padded last block
+      float out[NB];
+      for (int64_t v = 0; v < NV; ++v) acc[i][v].store(out + v * Vec::size());
+      std::copy(out, out + cols, y + i * ldy);
+    }
+  }
+}
+
+using Tile = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t);
+constexpr Tile TILES[MR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+
+at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t n) {
+  TORCH_CHECK(x_in.dim() == 2 && blocks.dim() == 3 && blocks.size(2) == NB &&
+                  x_in.size(1) == blocks.size(1) && blocks.size(0) == (n + NB - 1) / NB,
+              "servebench::linear: x [m, k] and blocks [ceil(n / ", NB, "), k, ", NB, "], got ",
+              x_in.sizes(), ", ", blocks.sizes(), " and n = ", n);
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && blocks.scalar_type() == at::kFloat &&
+                  blocks.is_contiguous(),
+              "servebench::linear: float32 and contiguous blocks only");
+  const at::Tensor x = x_in.contiguous();
+  const int64_t m = x.size(0), k = x.size(1);
+  at::Tensor y = at::empty({m, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = blocks.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, blocks.size(0), 4, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t cols = std::min(NB, n - b * NB);
+      for (int64_t i = 0; i < m; i += MR) {
+        TILES[std::min(MR, m - i)](xp + i * k, k, wp + b * k * NB, yp + i * n + b * NB, n, cols);
+      }
+    }
+  });
+  return y;
+}
+
+
+// servebench::decode_attention: one query token per sequence over its blocks of the paged cache
+// (float32), what the compiled decode forward's layers call. Each (sequence, KV head) is one
+// task: scores of its `group` query heads against each key (K read once, in place, through the
+// block table), softmax, then the weighted sum of V (read once) per query head with the 64-wide
+// output in registers. The compiled formula (ops/cpu_decode_attention.py) read the cache at
+// 5-8 GB/s at 64 sequences (README, "Measured design choices").
+template <int64_t D>
+void attend(const float* q, const float* k, const float* v, const int64_t* table,
+            const bool* mask, int64_t nb, int64_t bs, int64_t block_stride, int64_t group,
+            float scale, float* scores, float* out) {
+  constexpr int64_t DV = D / Vec::size();
+  const int64_t keys = nb * bs;
+  for (int64_t g = 0; g < group; ++g) {
+    Vec qv[DV];
+    for (int64_t d = 0; d < DV; ++d) qv[d] = Vec::loadu(q + g * D + d * Vec::size());
+    float* row = scores + g * keys;
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      if (table[blk] < 0) {  // no key of this block is in the context (checked by the caller)
+        std::fill(row + blk * bs, row + (blk + 1) * bs, -std::numeric_limits<float>::infinity());
+        continue;
+      }
+      const float* kb = k + table[blk] * block_stride;
+      for (int64_t t = 0; t < bs; ++t) {
+        const int64_t j = blk * bs + t;
+        if (!mask[j]) {
+          row[j] = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        Vec acc = qv[0] * Vec::loadu(kb + t * D);
+        for (int64_t d = 1; d < DV; ++d) acc = at::vec::fmadd(qv[d], Vec::loadu(kb + t * D + d * Vec::size()), acc);
+        row[j] = scale * at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
+      }
+    }
+    // Softmax's numerator in place (masked keys are -inf: exp gives 0), vectorized.
+    const int64_t kv = keys - keys % Vec::size();
+    Vec topv(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < kv; j += Vec::size()) topv = at::vec::maximum(topv, Vec::loadu(row + j));
+    float top = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, topv);
+    for (int64_t j = kv; j < keys; ++j) top = std::max(top, row[j]);
+    Vec sumv(0.f);
+    for (int64_t j = 0; j < kv; j += Vec::size()) {
+      const Vec e = (Vec::loadu(row + j) - Vec(top)).exp();
+      e.store(row + j);
+      sumv = sumv + e;
+    }
+    float total = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sumv);
+    for (int64_t j = kv; j < keys; ++j) {
+      row[j] = std::exp(row[j] - top);
+      total += row[j];
+    }
+    Vec o[DV];
+    for (int64_t d = 0; d < DV; ++d) o[d] = Vec(0.f);
+    for (int64_t blk = 0; blk < nb; ++blk) {
+      if (table[blk] < 0) continue;
+      const float* vb = v + table[blk] * block_stride;
+      for (int64_t t = 0; t < bs; ++t) {
+        const float w = row[blk * bs + t];
+        if (w == 0.f) continue;
+        const Vec wv(w);
+        for (int64_t d = 0; d < DV; ++d) o[d] = at::vec::fmadd(wv, Vec::loadu(vb + t * D + d * Vec::size()), o[d]);
+      }
+    }
+    const Vec inv(1.f / total);
+    for (int64_t d = 0; d < DV; ++d) (o[d] * inv).store(out + g * D + d * Vec::size());
+  }
+}
+
+at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& mask_in, double scale) {
+  // q [B, kv_heads, group, D]; caches [kv_heads, blocks, bs, D]; tables [B, nb]; mask [B, nb*bs]
+  TORCH_CHECK(q_in.dim() == 4 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
+                  block_tables.dim() == 2 && mask_in.dim() == 2,
+              "servebench::decode_attention: unexpected ranks");
+  const int64_t b = q_in.size(0), heads = q_in.size(1), group = q_in.size(2), d = q_in.size(3);
+  const int64_t blocks = k_cache.size(1), bs = k_cache.size(2), nb = block_tables.size(1);
+  TORCH_CHECK(k_cache.size(0) == heads && k_cache.size(3) == d && block_tables.size(0) == b &&
+                  mask_in.size(0) == b && mask_in.size(1) == nb * bs,
+              "servebench::decode_attention: shapes disagree");
+  TORCH_CHECK(d == 64 || d == 128, "servebench::decode_attention: head_dim 64 or 128, got ", d);
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
+                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+                  v_cache.is_contiguous(),
+              "servebench::decode_attention: float32, contiguous caches");
+  const at::Tensor q = q_in.contiguous();
+  const at::Tensor tables = block_tables.to(at::kLong).contiguous();
+  const at::Tensor mask = mask_in.to(at::kBool).contiguous();
+  at::Tensor out = at::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_cache.data_ptr<float>();
+  const float* vp = v_cache.data_ptr<float>();
+  const int64_t* tp = tables.data_ptr<int64_t>();
+  const bool* mp = mask.data_ptr<bool>();
+  float* op = out.data_ptr<float>();
+  const int64_t block_stride = bs * d, head_stride = blocks * bs * d;
+  const auto fn = d == 64 ? attend<64> : attend<128>;
+  // The blocks each sequence reads: -1 where none of a block's keys is in its context (the
+  // table's padding), checked in range where one is.
+  std::vector<int64_t> used(b * nb);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t t = 0; t < nb; ++t) {
+      const bool* m = mp + i * nb * bs + t * bs;
+      const int64_t block = std::any_of(m, m + bs, [](bool x) { return x; }) ? tp[i * nb + t] : -1;
+      TORCH_CHECK(block < blocks, "servebench::decode_attention: block ", block, " of ", blocks);
+      TORCH_CHECK(block >= 0 || !std::any_of(m, m + bs, [](bool x) { return x; }),
+                  "servebench::decode_attention: negative block in the context");
+      used[i * nb + t] = block;
+    }
+  at::parallel_for(0, b * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * nb * bs);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t i = task / heads, h = task % heads;
+      const int64_t qo = (i * heads + h) * group * d;
+      fn(qp + qo, kp + h * head_stride, vp + h * head_stride, used.data() + i * nb,
+         mp + i * nb * bs, nb, bs, block_stride, group, static_cast<float>(scale),
+         scores.data(), op + qo);
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(servebench, m) {
+  m.def("linear(Tensor x, Tensor blocks, int out_features) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor mask, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(servebench, CPU, m) {
+  m.impl("linear", linear);
+  m.impl("decode_attention", decode_attention);
+}
