@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import cpu_decode_attention
-from engine.ops.cpu_decode_attention import fused_decode_attention
+from engine.ops.cpu_decode_attention import fused_decode_attention, paged_decode_attention
 from engine.ops.fp8 import quantize, upcast
 
 
@@ -194,9 +194,11 @@ def paged_attention(
     if nd:
         # Fold the query heads that share a KV head into the query axis: no K/V repeat.
         qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        if meta.decode_fused:
+        if meta.decode_fused:  # the engine's kernel where it fits, else inductor's
             mask = meta.decode_mask.view(nd, -1)
-            o = fused_decode_attention(qd, cache.k, cache.v, meta.decode_block_tables, mask, scale)
+            fits = cpu_decode_attention.kernel_fits(qd, cache.k)
+            attend = paged_decode_attention if fits else fused_decode_attention
+            o = attend(qd, cache.k, cache.v, meta.decode_block_tables, mask, scale)
         else:
             o = _eager_decode(qd, cache, meta, scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)

@@ -65,10 +65,15 @@ def paged_decode_attention(
     (ops/cpu_kernels.cpp) on float32 caches where it is built, which reads each K and V row
     once in place (inductor's loops over the formula read the cache at 5-8 GB/s at 64
     sequences), else `decode_attention`."""
-    fits = q.dtype == k_cache.dtype == torch.float32 and q.shape[-1] in (64, 128)
-    if fits and k_cache.device.type == "cpu" and cpu_kernels.BUILT["ok"]:
+    if kernel_fits(q, k_cache):
         return torch.ops.servebench.decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
     return decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
+
+
+def kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether ops/cpu_kernels.cpp's decode attention takes this batch."""
+    fits = q.dtype == k_cache.dtype == torch.float32 and q.shape[-1] in (64, 128)
+    return fits and k_cache.device.type == "cpu" and cpu_kernels.BUILT["ok"]
 
 
 _state = {"enabled": True, "compiled_afresh": False}

@@ -26,6 +26,18 @@ ISA_FLAGS = {
 }
 
 
+def _ninja_on_path() -> None:
+    """torch's builder runs `ninja` from PATH: the pip package's binary is in the venv's bin,
+    which is not on PATH when the venv's python runs unactivated (as `make test` does)."""
+    try:
+        import ninja
+    except ImportError:
+        return  # a ninja of the system's, if any
+    path = os.environ.get("PATH", "")
+    if ninja.BIN_DIR not in path.split(os.pathsep):
+        os.environ["PATH"] = os.pathsep.join(p for p in (ninja.BIN_DIR, path) if p)
+
+
 @functools.cache
 def available() -> bool:
     """Build (or load) and register the kernels; False if this machine cannot."""
@@ -38,6 +50,7 @@ def available() -> bool:
     try:
         from torch.utils.cpp_extension import load
 
+        _ninja_on_path()
         source = Path(__file__).with_suffix(".cpp")
         load(f"servebench_cpu_kernels_{cap.lower()}", [str(source)], extra_cflags=flags,
              extra_ldflags=["-fopenmp"], is_python_module=False)  # fmt: skip
