@@ -96,7 +96,10 @@ def _compiled(kind: str) -> Callable[..., torch.Tensor]:
     # sequences is two ways. vLLM raises the same limit for its compiled models.
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 2 * MAX_SHAPES + 8)
-    return torch.compile(KINDS[kind], dynamic=False)  # dynamic dims: marked per call
+    # The decode graph's wrapper in C++ (inductor's cpp_wrapper): the Python one cost ~40 us a
+    # layer call; measured 22.1 -> 20.5 ms for SmolLM2's 30 layers at one sequence (README).
+    options = {"cpp_wrapper": True} if kind == "decode" else {}
+    return torch.compile(KINDS[kind], dynamic=False, options=options)  # dims marked per call
 
 
 _compiled_shapes: set[tuple] = set()
