@@ -186,10 +186,10 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
   for (int64_t i = 0; i < b; ++i)
     for (int64_t t = 0; t < nb; ++t) {
       const bool* m = mp + i * nb * bs + t * bs;
-      const int64_t block = std::any_of(m, m + bs, [](bool x) { return x; }) ? tp[i * nb + t] : -1;
+      const bool read = std::any_of(m, m + bs, [](bool x) { return x; });
+      const int64_t block = read ? tp[i * nb + t] : -1;
       TORCH_CHECK(block < blocks, "servebench::decode_attention: block ", block, " of ", blocks);
-      TORCH_CHECK(block >= 0 || !std::any_of(m, m + bs, [](bool x) { return x; }),
-                  "servebench::decode_attention: negative block in the context");
+      TORCH_CHECK(block >= 0 || !read, "servebench::decode_attention: negative block in context");
       used[i * nb + t] = block;
     }
   at::parallel_for(0, b * heads, 1, [&](int64_t begin, int64_t end) {
