@@ -5,12 +5,13 @@ or cannot compile."""
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model import compiled_forward
+from engine.model import compiled_forward, sources
 
 PROMPTS = [[5, 9, 2, 7] * k for k in (1, 4, 9)] + [[3] * 40]  # 1 to 3 blocks of 16
 
@@ -52,6 +53,32 @@ def test_every_step_runs_one_of_the_compiled_kinds(monkeypatch: pytest.MonkeyPat
     assert calls == [("step_forward", prompt_tokens), *decodes]
 
 
+def test_decode_graphs_of_several_layers_and_a_shorter_last_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Three layers at two a graph: a decode step calls the decode graph with layers 0-1, then
+    with layer 2 (a graph of its own length, compiled at start), and generates what the
+    eager model does."""
+    three = replace(sources.TINY_CONFIGS["tiny-llama"], num_layers=3)
+    monkeypatch.setitem(sources.TINY_CONFIGS, "tiny-llama-3", three)
+    monkeypatch.setattr(compiled_forward, "LAYERS_PER_GRAPH", 2)
+    compiled = LLM("tiny-llama-3", dtype="float32")
+    assert compiled.llm_engine.model_forward == "compiled"
+    real = compiled_forward._compiled
+    sizes: list[int] = []
+
+    def counting(layers, *args):  # type: ignore[no-untyped-def]
+        sizes.append(len(layers))
+        return real("decode")(layers, *args)
+
+    monkeypatch.setattr(
+        compiled_forward, "_compiled", lambda kind: counting if kind == "decode" else real(kind)
+    )
+    got = _greedy(compiled, 4)
+    assert sizes == [2, 1] * 3  # 3 decode steps after the prefill's
+    assert got == _greedy(LLM("tiny-llama-3", dtype="float32", enforce_eager=True), 4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int) -> None:
@@ -77,7 +104,7 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
         want = layer.decode(x, cos_sin, want_k, want_v, slots, tables, mask)
         got_k, got_v = k.clone(), v.clone()
         got = compiled_forward._compiled("decode")(
-            layer, x, cos_sin, got_k, got_v, slots, tables, mask
+            [layer], x, cos_sin, [got_k], [got_v], slots, tables, mask
         )
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

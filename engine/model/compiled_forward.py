@@ -1,11 +1,15 @@
-"""The forward for CPU through torch.compile, one graph per decoder layer shape shared by all
-layers (their weights are inputs of the graph, not constants), in two kinds:
+"""The forward for CPU through torch.compile, in two kinds of graph whose weights are inputs
+(not constants), so that layers of one shape share them:
 
-- decode: a step of decodes only runs the whole layer as one graph, in which inductor fuses
-  the norms, rotary, SiLU, residual adds, the cache write and the attention (ops/
-  cpu_decode_attention.py's formula, reading K/V in the paged cache) into C++ loops between the
-  linears, which stay ops (ops/cpu_linear.py: `servebench::linear`, or `packed_linear`).
-- step: any other step (prefill chunks, alone or beside decodes) runs the layer with its
+- decode: a step of decodes only runs its layers LAYERS_PER_GRAPH at a time as one graph, in
+  which inductor fuses the norms, rotary, SiLU, residual adds, the cache write and the
+  attention (ops/cpu_decode_attention.py's formula or kernel, reading K/V in the paged cache)
+  into C++ loops between the linears, which stay ops (ops/cpu_linear.py: `servebench::linear`,
+  or `packed_linear`). Five layers to a graph rather than one: each call of a compiled
+  function pays dynamo's guards and AOT's wrappers (~0.1 ms here), which at one sequence was
+  ~3 ms of a ~30 ms SmolLM2 step; the whole model as one graph saves no more and compiles 5x
+  longer (README, "Measured design choices").
+- step: any other step (prefill chunks, alone or beside decodes) runs each layer with its
   attention as an opaque op, `servebench::paged_attention`, which takes the step's metadata and
   the layer's cache from the step being computed (as vLLM's attention op reads its forward
   context): the graph runs up to it and on after it, and inductor fuses what is on either side.
@@ -35,17 +39,27 @@ _state = {"enabled": True}
 MAX_SHAPES = 24  # model/cache/dtype combinations compiled in one process (tests build many)
 
 
-def _layer_decode(
-    layer: LlamaDecoderLayer,
+LAYERS_PER_GRAPH = 5
+
+
+def _layers_decode(
+    layers: list[LlamaDecoderLayer],
     x: torch.Tensor,
     cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    k_caches: list[torch.Tensor],
+    v_caches: list[torch.Tensor],
     slots: torch.Tensor,
     block_tables: torch.Tensor,
     mask: torch.Tensor,
 ) -> torch.Tensor:
-    return layer.decode(x, cos_sin, k_cache, v_cache, slots, block_tables, mask)
+    for layer, k_cache, v_cache in zip(layers, k_caches, v_caches, strict=True):
+        x = layer.decode(x, cos_sin, k_cache, v_cache, slots, block_tables, mask)
+    return x
+
+
+def _groups(n: int) -> list[slice]:
+    """The first n layers as graphs of LAYERS_PER_GRAPH, the last one shorter if need be."""
+    return [slice(i, min(i + LAYERS_PER_GRAPH, n)) for i in range(0, n, LAYERS_PER_GRAPH)]
 
 
 @dataclass
@@ -86,20 +100,18 @@ def _layer_step(layer: LlamaDecoderLayer, x: torch.Tensor, cos_sin: torch.Tensor
     return layer.attention_output(x, o)
 
 
-KINDS = {"decode": _layer_decode, "step": _layer_step}
+KINDS = {"decode": _layers_decode, "step": _layer_step}
 
 
 @functools.cache
 def _compiled(kind: str) -> Callable[..., torch.Tensor]:
     # Dynamo recompiles one function at most `recompile_limit` ways (8 by default), then runs
     # it eagerly without a word; each (layer shape, dtype, block size) with one and several
-    # sequences is two ways. vLLM raises the same limit for its compiled models.
+    # sequences, in graphs of LAYERS_PER_GRAPH layers and of the rest, is up to four ways.
+    # vLLM raises the same limit for its compiled models.
     config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, 2 * MAX_SHAPES + 8)
-    # The decode graph's wrapper in C++ (inductor's cpp_wrapper): the Python one cost ~40 us a
-    # layer call; measured 22.1 -> 20.5 ms for SmolLM2's 30 layers at one sequence (README).
-    options = {"cpp_wrapper": True} if kind == "decode" else {}
-    return torch.compile(KINDS[kind], dynamic=False, options=options)  # dims marked per call
+    config.recompile_limit = max(config.recompile_limit, 4 * MAX_SHAPES + 8)
+    return torch.compile(KINDS[kind], dynamic=False)  # dims marked per call
 
 
 _compiled_shapes: set[tuple] = set()
@@ -107,15 +119,14 @@ _compiled_shapes: set[tuple] = set()
 
 def _mark_dynamic(
     x: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
-    mask: torch.Tensor, caches: list[KVCache],
+    mask: torch.Tensor, caches: list[torch.Tensor],
 ) -> None:  # fmt: skip
     for t in (x, cos_sin, slots, tables, mask):
         torch._dynamo.maybe_mark_dynamic(t, 0)  # sequences
     torch._dynamo.maybe_mark_dynamic(tables, 1)  # blocks per sequence
     torch._dynamo.maybe_mark_dynamic(mask, 1)
-    for cache in caches:
-        torch._dynamo.maybe_mark_dynamic(cache.k, 1)  # pool size
-        torch._dynamo.maybe_mark_dynamic(cache.v, 1)
+    for cache in caches:  # K and V
+        torch._dynamo.maybe_mark_dynamic(cache, 1)  # pool size
 
 
 def decode_forward(
@@ -131,11 +142,12 @@ def decode_forward(
     """The model's forward for one token of each of B sequences, [B, hidden]; `num_layers`:
     the first ones only."""
     x, cos_sin = model.embed(input_ids, positions)
-    _mark_dynamic(x, cos_sin, slots, block_tables, mask, kv_caches)
-    layer_decode = _compiled("decode")
-    n = num_layers or len(model.layers)
-    for layer, cache in zip(model.layers[:n], kv_caches[:n], strict=True):
-        x = layer_decode(layer, x, cos_sin, cache.k, cache.v, slots, block_tables, mask)
+    ks, vs = [c.k for c in kv_caches], [c.v for c in kv_caches]
+    _mark_dynamic(x, cos_sin, slots, block_tables, mask, ks + vs)
+    layers_decode = _compiled("decode")
+    for group in _groups(num_layers or len(model.layers)):
+        layers = list(model.layers[group])
+        x = layers_decode(layers, x, cos_sin, ks[group], vs[group], slots, block_tables, mask)
     return model.norm(x)
 
 
@@ -191,10 +203,11 @@ def warm_up(
     kv_cache: KVCache,
     step_case: Callable[[], tuple[torch.Tensor, torch.Tensor, AttentionMetadata]],
 ) -> bool:
-    """Compile both kinds for this model and cache now, on a scratch cache of 4 blocks, and
-    check the first layer compiled against it eager: decodes of one sequence and of two (two
-    blocks each), and `step_case()`'s step (input ids, positions, metadata over those 4
-    blocks). False, and eager from then on for every model, if compiling fails; a compiled
+    """Compile both kinds for this model and cache now, on scratch caches of 4 blocks a
+    layer, and check them against the eager layers: decodes of one sequence and of two (two
+    blocks each) through each length of decode graph the model's layers split into, and
+    `step_case()`'s step (input ids, positions, metadata over those 4 blocks) through the
+    first layer. False, and eager from then on for every model, if compiling fails; a compiled
     kind that disagrees raises."""
     if not _state["enabled"] or not supported(model, kv_cache):
         return False
@@ -207,30 +220,38 @@ def warm_up(
         return False
     gen = torch.Generator().manual_seed(0)
     scratch = (heads, 4, block_size, head_dim)  # 4 blocks
-    k, v = (torch.randn(scratch, generator=gen).to(kv_cache.k.dtype) for _ in "kv")
-    layer, cache = model.layers[0], KVCache(k, v)
+
+    def caches(n: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return tuple(
+            [torch.randn(scratch, generator=gen).to(kv_cache.k.dtype) for _ in range(n)]
+            for _ in "kv"
+        )
+
     with torch.inference_mode():
         try:
-            for b in (1, 2):  # the first layer alone: errors do not compound over layers
-                x = torch.randn(b, p.shape[1], generator=gen).to(p.dtype)
-                positions = torch.tensor([block_size, 2 * block_size - 1])[:b]
-                cos_sin = model.cos_sin[positions]
-                slots = torch.tensor([block_size, 3 * block_size + 5])[:b]
-                tables = torch.tensor([[0, 1], [3, 2]])[:b]
-                mask = torch.arange(2 * block_size)[None] < positions[:, None] + 1
-                args = (slots, tables, mask)
-                want = layer.decode(x, cos_sin, cache.k.clone(), cache.v.clone(), *args)
-                _mark_dynamic(x, cos_sin, *args, [cache])
-                layer_decode = _compiled("decode")
-                got = layer_decode(layer, x, cos_sin, cache.k.clone(), cache.v.clone(), *args)
-                _check("decode", got, want)
+            for size in sorted({g.stop - g.start for g in _groups(len(model.layers))}):
+                layers, (ks, vs) = list(model.layers[:size]), caches(size)
+                for b in (1, 2):
+                    x = torch.randn(b, p.shape[1], generator=gen).to(p.dtype)
+                    positions = torch.tensor([block_size, 2 * block_size - 1])[:b]
+                    cos_sin = model.cos_sin[positions]
+                    slots = torch.tensor([block_size, 3 * block_size + 5])[:b]
+                    tables = torch.tensor([[0, 1], [3, 2]])[:b]
+                    mask = torch.arange(2 * block_size)[None] < positions[:, None] + 1
+                    args = (slots, tables, mask)
+                    want = _layers_decode(layers, x, cos_sin, _clone(ks), _clone(vs), *args)
+                    got_ks, got_vs = _clone(ks), _clone(vs)
+                    _mark_dynamic(x, cos_sin, *args, got_ks + got_vs)
+                    got = _compiled("decode")(layers, x, cos_sin, got_ks, got_vs, *args)
+                    _check("decode", got, want)
             ids, positions, meta = step_case()
+            layer, (ks, vs) = model.layers[0], caches(1)
             x = torch.randn(len(ids), p.shape[1], generator=gen).to(p.dtype)
             cos_sin = model.cos_sin[positions]
-            want = layer(x, cos_sin, KVCache(cache.k.clone(), cache.v.clone()), meta)
+            want = layer(x, cos_sin, KVCache(ks[0].clone(), vs[0].clone()), meta)
             for t in (x, cos_sin):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
-            _current.append(_Step([KVCache(cache.k.clone(), cache.v.clone())], meta))
+            _current.append(_Step([KVCache(ks[0].clone(), vs[0].clone())], meta))
             try:
                 got = _compiled("step")(layer, x, cos_sin)
             finally:
@@ -244,6 +265,10 @@ def warm_up(
             return _unavailable(e)
     _compiled_shapes.add(key)
     return True
+
+
+def _clone(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.clone() for t in tensors]
 
 
 def _unavailable(e: Exception) -> bool:
