@@ -7,8 +7,8 @@
   into C++ loops between the linears, which stay ops (ops/cpu_linear.py: `servebench::linear`,
   or `packed_linear`). Five layers to a graph rather than one: each call of a compiled
   function pays dynamo's guards and AOT's wrappers (~0.1 ms here), which at one sequence was
-  ~3 ms of a ~30 ms SmolLM2 step; the whole model as one graph saves no more and compiles 5x
-  longer (README, "Measured design choices").
+  ~3 ms of a ~30 ms SmolLM2 step; ten layers a graph measured no faster, and the whole model
+  as one graph compiled ~6x longer (README, "Measured design choices").
 - step: any other step (prefill chunks, alone or beside decodes) runs each layer with its
   attention as an opaque op, `servebench::paged_attention`, which takes the step's metadata and
   the layer's cache from the step being computed (as vLLM's attention op reads its forward
