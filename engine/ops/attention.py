@@ -196,9 +196,8 @@ def paged_attention(
         qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
         if meta.decode_fused:  # the engine's kernel where it fits, else inductor's
             mask = meta.decode_mask.view(nd, -1)
-            fits = cpu_decode_attention.kernel_fits(qd, cache.k)
-            attend = paged_decode_attention if fits else fused_decode_attention
-            o = attend(qd, cache.k, cache.v, meta.decode_block_tables, mask, scale)
+            tables, inductor = meta.decode_block_tables, fused_decode_attention
+            o = paged_decode_attention(qd, cache.k, cache.v, tables, mask, scale, inductor)
         else:
             o = _eager_decode(qd, cache, meta, scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)

@@ -60,14 +60,15 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    fallback: Callable[..., torch.Tensor] = decode_attention,
 ) -> torch.Tensor:
-    """What the compiled decode forward's layers attend with: the engine's kernel
-    (ops/cpu_kernels.cpp) on float32 caches where it is built, which reads each K and V row
-    once in place (inductor's loops over the formula read the cache at 5-8 GB/s at 64
-    sequences), else `decode_attention`."""
+    """What the compiled forward's decodes attend with: the engine's kernel (ops/
+    cpu_kernels.cpp) on float32 caches where it is built, which reads each K and V row once in
+    place (inductor's loops over the formula read the cache at 5-8 GB/s at 64 sequences), else
+    `fallback`: the formula inside a compiled graph, `fused_decode_attention` outside one."""
     if kernel_fits(q, k_cache):
         return torch.ops.servebench.decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
-    return decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
+    return fallback(q, k_cache, v_cache, block_tables, mask, scale)
 
 
 def kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

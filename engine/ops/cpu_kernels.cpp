@@ -83,7 +83,6 @@ at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t n) {
   return y;
 }
 
-
 // servebench::decode_attention: one query token per sequence over its blocks of the paged cache
 // (float32), what the compiled decode forward's layers call. Each (sequence, KV head) is one
 // task: scores of its `group` query heads against each key (K read once, in place, through the
