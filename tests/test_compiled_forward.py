@@ -79,6 +79,21 @@ def test_decode_graphs_of_several_layers_and_a_shorter_last_one(
     assert got == _greedy(LLM("tiny-llama-3", dtype="float32", enforce_eager=True), 4)
 
 
+def test_no_step_compiles_after_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Warm-up compiles every graph a run takes: one sequence and several, one block each and
+    several, prompts in chunks beside decodes, a one-token step. (A size of 1 that dynamo
+    specialized compiled again mid-run, as did caches made in inference mode at warm-up.) A
+    config of this test's own, so that no other test's run compiled its graphs first."""
+    own = replace(sources.TINY_CONFIGS["tiny-llama"], intermediate_size=160)
+    monkeypatch.setitem(sources.TINY_CONFIGS, "tiny-llama-warm", own)
+    llm = LLM("tiny-llama-warm", dtype="float32", max_num_batched_tokens=16)
+    assert llm.llm_engine.model_forward == "compiled"
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for prompts in ([[5, 9, 2]], PROMPTS, [[7]]):
+            params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+            assert all(len(o.outputs[0].token_ids) == 4 for o in llm.generate(prompts, params))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int) -> None:

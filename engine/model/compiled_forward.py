@@ -16,10 +16,11 @@
 
 Eagerly, a decode step at a few sequences spent about as long in those small ops and their
 Python dispatch as in the linears (`bench profile`; figures in the README). Sizes are dynamic
-(tokens, sequences, blocks per sequence, pool size), so nothing is padded; dynamo specializes
-sizes of 1, so one sequence or one block compiles once more. `warm_up` compiles at engine start
-and checks each compiled kind against the eager model; a machine that cannot compile stays
-eager."""
+(tokens, sequences, blocks per sequence, pool size), so nothing is padded. Tokens, sequences
+and blocks are marked unbacked: dynamo would otherwise specialize a size of 1 and compile
+again for one sequence or one block, mid-run, where the first prompt shorter than a block
+came. `warm_up` compiles at engine start and checks each compiled kind against the eager
+model; a machine that cannot compile stays eager."""
 
 from __future__ import annotations
 
@@ -106,8 +107,8 @@ KINDS = {"decode": _layers_decode, "step": _layer_step}
 @functools.cache
 def _compiled(kind: str) -> Callable[..., torch.Tensor]:
     # Dynamo recompiles one function at most `recompile_limit` ways (8 by default), then runs
-    # it eagerly without a word; each (layer shape, dtype, block size) with one and several
-    # sequences, in graphs of LAYERS_PER_GRAPH layers and of the rest, is up to four ways.
+    # it eagerly without a word; each (layer shape, dtype, block size), in graphs of
+    # LAYERS_PER_GRAPH layers and of the rest, is up to two ways (the limit leaves room for twice that).
     # vLLM raises the same limit for its compiled models.
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 4 * MAX_SHAPES + 8)
@@ -125,9 +126,9 @@ def _mark_dynamic(
     mask: torch.Tensor, caches: list[torch.Tensor],
 ) -> None:  # fmt: skip
     for t in (x, cos_sin, slots, tables, mask):
-        torch._dynamo.maybe_mark_dynamic(t, 0)  # sequences
-    torch._dynamo.maybe_mark_dynamic(tables, 1)  # blocks per sequence
-    torch._dynamo.maybe_mark_dynamic(mask, 1)
+        torch._dynamo.decorators.mark_unbacked(t, 0)  # sequences
+    torch._dynamo.decorators.mark_unbacked(tables, 1)  # blocks per sequence
+    torch._dynamo.decorators.mark_unbacked(mask, 1)
     for cache in caches:  # K and V
         torch._dynamo.maybe_mark_dynamic(cache, 1)  # pool size
 
@@ -167,7 +168,7 @@ def step_forward(
     """The model's forward for any step, [T, hidden] (as LlamaForCausalLM.forward)."""
     x, cos_sin = model.embed(input_ids, positions)
     for t in (x, cos_sin):
-        torch._dynamo.maybe_mark_dynamic(t, 0)  # tokens
+        torch._dynamo.decorators.mark_unbacked(t, 0)  # tokens
     step = _Step(kv_caches, meta)
     _current.append(step)
     n = num_layers or len(model.layers)
@@ -209,8 +210,8 @@ def warm_up(
     step_case: Callable[[], tuple[torch.Tensor, torch.Tensor, AttentionMetadata]],
 ) -> bool:
     """Compile both kinds for this model and cache now, on scratch caches of 4 blocks a
-    layer, and check them against the eager layers: decodes of one sequence and of two (two
-    blocks each) through each length of decode graph the model's layers split into, and
+    layer, and check them against the eager layers: decodes of one sequence and of two, over
+    two blocks and over one, through each length of decode graph the layers split into, and
     `step_case()`'s step (input ids, positions, metadata over those 4 blocks) through the
     first layer. False, and eager from then on for every model, if compiling fails; a compiled
     kind that disagrees raises."""
@@ -236,13 +237,16 @@ def warm_up(
         try:
             for size in sorted({g.stop - g.start for g in _groups(len(model.layers))}):
                 layers, (ks, vs) = list(model.layers[:size]), caches(size)
-                for b in (1, 2):
+                for b, nb in ((1, 2), (2, 2), (2, 1)):  # sequences, blocks per sequence
                     x = torch.randn(b, p.shape[1], generator=gen).to(p.dtype)
-                    positions = torch.tensor([block_size, 2 * block_size - 1])[:b]
+                    positions = torch.tensor([block_size, 2 * block_size - 1])[:b] % (
+                        nb * block_size
+                    )
                     cos_sin = model.cos_sin[positions]
-                    slots = torch.tensor([block_size, 3 * block_size + 5])[:b]
-                    tables = torch.tensor([[0, 1], [3, 2]])[:b]
-                    mask = torch.arange(2 * block_size)[None] < positions[:, None] + 1
+                    tables = torch.tensor([[0, 1], [3, 2]])[:b, :nb]
+                    slots = tables[torch.arange(b), positions // block_size] * block_size
+                    slots += positions % block_size
+                    mask = torch.arange(nb * block_size)[None] < positions[:, None] + 1
                     args = (slots, tables, mask)
                     want = _layers_decode(layers, x, cos_sin, _clone(ks), _clone(vs), *args)
                     got_ks, got_vs = _clone(ks), _clone(vs)
@@ -255,7 +259,7 @@ def warm_up(
             cos_sin = model.cos_sin[positions]
             want = layer(x, cos_sin, KVCache(ks[0].clone(), vs[0].clone()), meta)
             for t in (x, cos_sin):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
+                torch._dynamo.decorators.mark_unbacked(t, 0)
             _current.append(_Step([KVCache(ks[0].clone(), vs[0].clone())], meta))
             try:
                 got = _compiled("step")(layer, x, cos_sin)
@@ -273,7 +277,11 @@ def warm_up(
 
 
 def _clone(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    return [t.clone() for t in tensors]
+    """Copies made as the runner's caches are: outside inference mode. Dynamo guards each
+    tensor's dispatch keys, which differ between inference tensors and others, so warming up
+    on inference tensors left the first real decode step to compile again (~2-9 s)."""
+    with torch.inference_mode(False):
+        return [t.clone() for t in tensors]
 
 
 def _unavailable(e: Exception) -> bool:
