@@ -108,8 +108,8 @@ KINDS = {"decode": _layers_decode, "step": _layer_step}
 def _compiled(kind: str) -> Callable[..., torch.Tensor]:
     # Dynamo recompiles one function at most `recompile_limit` ways (8 by default), then runs
     # it eagerly without a word; each (layer shape, dtype, block size), in graphs of
-    # LAYERS_PER_GRAPH layers and of the rest, is up to two ways (the limit leaves room for twice that).
-    # vLLM raises the same limit for its compiled models.
+    # LAYERS_PER_GRAPH layers and of the rest, is up to two ways (the limit leaves room for
+    # twice that). vLLM raises the same limit for its compiled models.
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 4 * MAX_SHAPES + 8)
     # No size asserts after each op in the graph's wrapper (~0.5 ms of a one-sequence SmolLM2
