@@ -52,8 +52,8 @@ CATEGORIES = (
 SCOPE = "servebench/"
 # What a linear layer runs as, eagerly and inside a compiled graph (engine/ops/cpu_linear.py).
 LINEAR_OPS = frozenset(
-    ("servebench::linear", "servebench::packed_linear", "mkldnn::_linear_pointwise",
-     "aten::linear", "aten::mm", "aten::addmm")
+    ("servebench::linear", "servebench::linear_fp8", "servebench::packed_linear",
+     "mkldnn::_linear_pointwise", "aten::linear", "aten::mm", "aten::addmm")
 )  # fmt: skip
 
 

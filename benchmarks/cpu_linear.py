@@ -1,7 +1,9 @@
-"""The CPU linear paths side by side, float32: the engine's kernel (`servebench::linear`,
-engine/ops/cpu_kernels.cpp), oneDNN's packed product and MKL (`F.linear`), over the linears of
-a model's layers so that the weights stream from memory as in a step (not from cache), at each
-row count; paths take turns, and each row's ratios are to the kernel.
+"""The CPU linear paths side by side: the engine's kernel (`servebench::linear`,
+engine/ops/cpu_kernels.cpp), oneDNN's packed product and MKL (`F.linear`) on float32 weights,
+and on e4m3 weights (`--quantization fp8`) the kernel's `linear_fp8` and the eager path it
+replaced (engine/ops/fp8.py: upcast a block of rows, then MKL), over the linears of a model's
+layers so that the weights stream from memory as in a step (not from cache), at each row
+count; paths take turns, and each row's ratios are to the float32 kernel.
 
     python benchmarks/cpu_linear.py                      # SmolLM2-135M's shapes, 30 layers
     python benchmarks/cpu_linear.py --rows 1 8 64 --layers 10 --passes 5
@@ -21,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import cpu_kernels
-from engine.ops.cpu_linear import packed_product, to_blocks
+from engine.ops.cpu_linear import fp8_blocks, packed_product, to_blocks
+from engine.ops.fp8 import fp8_linear, quantize_per_channel
 
 SMOLLM2 = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # QKV, O, gate/up, down
 
@@ -40,6 +43,8 @@ def main() -> None:
     ]
     blocks = [[to_blocks(w) for w in ws] for ws in plain]
     onednn = [[torch.ops.mkldnn._reorder_linear_weight(w) for w in ws] for ws in plain]
+    fp8 = [[quantize_per_channel(w) for w in ws] for ws in plain]
+    fp8_packed = [[fp8_blocks(q, scale) for q, scale in ws] for ws in fp8]
     nbytes = sum(w.numel() * 4 for ws in plain for w in ws)
     threads = torch.get_num_threads()
     print(f"{args.layers} layers of {SMOLLM2} (out, in), {nbytes / 2**20:.0f} MiB, "
@@ -48,9 +53,14 @@ def main() -> None:
         "kernel": lambda x, n, j: torch.ops.servebench.linear(x, blocks[n][j], SMOLLM2[j][0]),
         "oneDNN": lambda x, n, j: packed_product(x, onednn[n][j]),
         "MKL": lambda x, n, j: F.linear(x, plain[n][j]),
+        "fp8 kernel": lambda x, n, j: torch.ops.servebench.linear_fp8(
+            x, *fp8_packed[n][j], SMOLLM2[j][0]
+        ),
+        "fp8 eager": lambda x, n, j: fp8_linear(x, *fp8[n][j], scaled_mm=False),
     }
-    print(f"{'rows':>5} " + " ".join(f"{n + ' ms':>10}" for n in paths)
-          + "  kernel GB/s  GFLOP/s  oneDNN/kernel  MKL/kernel")  # fmt: skip
+    ratios = "  ".join(f"{n}/kernel" for n in list(paths)[1:])
+    print(f"{'rows':>5} " + " ".join(f"{n + ' ms':>13}" for n in paths)
+          + f"  kernel GB/s  GFLOP/s  {ratios}")  # fmt: skip
     with torch.inference_mode():
         for rows in args.rows:
             xs = {i: torch.randn(rows, i, generator=gen) for _, i in SMOLLM2}
@@ -66,9 +76,10 @@ def main() -> None:
                     best[name] = min(best[name], time.perf_counter() - t0)
             k = best["kernel"]
             flops = 2 * rows * nbytes / 4
-            cells = " ".join(f"{best[n] * 1e3:10.2f}" for n in paths)
-            print(f"{rows:5d} {cells}  {nbytes / k / 1e9:11.1f}  {flops / k / 1e9:7.0f}  "
-                  f"{best['oneDNN'] / k:13.2f}x  {best['MKL'] / k:9.2f}x", flush=True)  # fmt: skip
+            cells = " ".join(f"{best[n] * 1e3:13.2f}" for n in paths)
+            ratios = "  ".join(f"{best[n] / k:{len(n) + 7}.2f}x" for n in list(paths)[1:])
+            print(f"{rows:5d} {cells}  {nbytes / k / 1e9:11.1f}  {flops / k / 1e9:7.0f}  {ratios}",
+                  flush=True)  # fmt: skip
         t = float("inf")
         for _ in range(args.passes):
             t0 = time.perf_counter()

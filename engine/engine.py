@@ -193,11 +193,14 @@ class LLMEngine:
 
     @property
     def linears(self) -> str:
-        """What the layers' float linears run as: 'kernel' (engine/ops/cpu_kernels.cpp),
-        'onednn' (where that cannot be built), 'fp8', or 'torch' (CUDA, bf16 on CPU,
+        """What the layers' linears run as: 'kernel' (engine/ops/cpu_kernels.cpp), 'onednn'
+        (where that cannot be built), 'fp8 kernel' (e4m3 weights through the kernel), 'fp8'
+        (e4m3 weights upcast, then torch's product), or 'torch' (CUDA, bf16 on CPU,
         SERVEBENCH_ONEDNN=0)."""
         linear = self.runner.model.layers[0].mlp.down_proj
         if isinstance(linear, PackedLinear):
+            if linear.weight_scale is not None:
+                return "fp8 kernel"
             return "kernel" if linear.native else "onednn"
         return "fp8" if isinstance(linear, Fp8Linear) else "torch"
 

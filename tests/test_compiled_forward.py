@@ -1,6 +1,6 @@
 """The compiled forward (engine/model/compiled_forward.py) computes what the eager model does,
-is what the engine runs by default, and stays off where it does not apply (enforce_eager, fp8)
-or cannot compile."""
+is what the engine runs by default, and stays off where it does not apply (enforce_eager, an
+fp8 cache) or cannot compile."""
 
 from __future__ import annotations
 
@@ -142,9 +142,9 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
             assert compiled_err <= 1.5 * eager_err + 1e-6, (compiled_err, eager_err)
 
 
-def test_fp8_and_enforce_eager_stay_eager() -> None:
+def test_fp8_weights_compile_and_an_fp8_cache_and_enforce_eager_stay_eager() -> None:
     fp8 = LLM("tiny-llama", quantization="fp8").llm_engine
-    assert fp8.model_forward == "eager" and fp8.linears == "fp8"
+    assert fp8.model_forward == "compiled" and fp8.linears == "fp8 kernel"
     assert LLM("tiny-llama", kv_cache_dtype="fp8").llm_engine.model_forward == "eager"
     assert LLM("tiny-llama", enforce_eager=True).llm_engine.model_forward == "eager"
 

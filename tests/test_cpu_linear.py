@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, model_store
 from engine.model.loader import load_model
 from engine.ops import cpu_kernels
 from engine.ops.cpu_linear import MKL_MIN_ROWS, PackedLinear, onednn_packing_enabled
-from engine.ops.fp8 import Fp8Linear
+from engine.ops.fp8 import FP8, Fp8Linear, dequantize
 
 pytestmark = pytest.mark.skipif(
     not onednn_packing_enabled(torch.float32, torch.device("cpu")), reason="no oneDNN"
@@ -42,6 +42,51 @@ def test_packed_linear_equals_f_linear(rows: int, shape: tuple[int, int]) -> Non
     torch.testing.assert_close(strided, F.linear(x2, linear.weight), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape", [(96, 160), (101, 163)])
+@pytest.mark.parametrize("rows", [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 65])
+def test_fp8_blocks_give_the_upcast_weights_product(rows: int, shape: tuple[int, int]) -> None:
+    """`servebench::linear_fp8`: upcast in registers up to 3 rows, a block upcast once from 4
+    (then float32's tiles of 6 rows and a partial one), against the dequantized weight."""
+    g = torch.Generator().manual_seed(rows)
+    linear = torch.nn.Linear(*shape, bias=False)
+    torch.nn.init.normal_(linear.weight, generator=g)
+    fp8 = Fp8Linear.from_linear(linear)
+    packed = PackedLinear.from_fp8(fp8)
+    assert packed.packed_weight.dtype == FP8 and packed.weight_scale is not None
+    x = torch.randn(rows, shape[0], generator=g)
+    x2 = torch.randn(rows, 2 * shape[0], generator=g)[:, ::2]
+    weight = dequantize(fp8.weight, fp8.weight_scale[:, None], torch.float32)
+    with torch.inference_mode():
+        for inputs in (x, x2):
+            got = packed(inputs)
+            assert got.shape == (rows, shape[1])
+            torch.testing.assert_close(got, F.linear(inputs, weight), rtol=1e-5, atol=1e-4)
+            torch.testing.assert_close(got, fp8(inputs), rtol=1e-5, atol=1e-4)
+
+
+def test_fp8_engine_runs_the_kernel_and_gives_the_upcast_paths_tokens(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine's fp8 layers through the kernel, compiled, against Fp8Linear's upcast-then-
+    MKL product (what a machine without the kernel runs): the same greedy tokens."""
+    prompts = [[5, 17, 99, 3, 42, 7], list(range(20, 61)), [1, 2]]
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    args = dict(dtype="float32", quantization="fp8", num_kv_blocks=64, seed=11)
+    fast = LLM("tiny-llama", **args)
+    assert fast.llm_engine.linears == "fp8 kernel"
+    assert fast.llm_engine.model_forward == "compiled"
+    got = [o.outputs[0].token_ids for o in fast.generate(prompts, params)]
+    model_store.load_shared.cache_clear()  # the next engine loads and packs its own copy
+    monkeypatch.setattr(cpu_kernels, "available", lambda: False)
+    try:
+        upcast = LLM("tiny-llama", **args)
+        assert upcast.llm_engine.linears == "fp8"
+        want = [o.outputs[0].token_ids for o in upcast.generate(prompts, params)]
+    finally:
+        model_store.load_shared.cache_clear()
+    assert got == want
+
+
 def test_the_kernel_is_built_here() -> None:
     assert cpu_kernels.available(), "torch's extension builder failed here (see the warning)"
     packed = PackedLinear(torch.ones(20, 8))
@@ -67,13 +112,14 @@ def test_bias_is_refused() -> None:
         PackedLinear.from_linear(torch.nn.Linear(8, 8, bias=True))
 
 
-def test_pack_for_cpu_keeps_fp8_layers_and_counts_a_tied_heads_copy() -> None:
+def test_pack_for_cpu_packs_fp8_layers_and_counts_a_tied_heads_copy() -> None:
     model = load_model("tiny-llama", torch.float32, torch.device("cpu")).model
     assert model.config.tie_word_embeddings
     model.quantize_fp8()
     fp8_bytes, bf16_bytes = model.weight_bytes(), model.weight_bytes(torch.bfloat16)
     model.pack_for_cpu(tied_head=False)
-    assert isinstance(model.layers[0].mlp.down_proj, Fp8Linear)  # fp8 has its own matmul
+    down = model.layers[0].mlp.down_proj
+    assert isinstance(down, PackedLinear) and down.packed_weight.dtype == FP8  # blocks of e4m3
     assert isinstance(model.lm_head, torch.nn.Linear)
     assert model.weight_bytes() == fp8_bytes
     model.pack_for_cpu()

@@ -1,6 +1,8 @@
-// The engine's CPU kernels (float32), built and registered by engine/ops/cpu_kernels.py.
+// The engine's CPU kernels (float32 activations), built and registered by
+// engine/ops/cpu_kernels.py.
 //
-// servebench::linear: y = x W^T for every row count, with the weight re-laid out once at load
+// servebench::linear (float32 weights) and servebench::linear_fp8 (e4m3 weights, per-channel
+// scales): y = x W^T for every row count, with the weight re-laid out once at load
 // (engine/ops/cpu_linear.py).
 //
 // The weight is held in blocks of NB output rows, [ceil(n / NB), k, NB] (the last block
@@ -16,35 +18,90 @@
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <torch/library.h>
 
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t NB = 16;  // weight rows per block
-constexpr int64_t MR = 6;   // rows of x per pass: MR * NB / 8 = 12 accumulators on AVX2
 constexpr int64_t NV = NB / Vec::size();
 
-// Rows [0, M) of x times one block: y[i, 0:cols] for each row i.
-template <int64_t M>
-void tile(const float* x, int64_t k, const float* block, float* y, int64_t ldy, int64_t cols) {
+// Float32 weights: one block row is NV vectors.
+struct F32 {
+  using T = float;
+  static constexpr int64_t MR = 6;  // rows of x per pass: MR * NB / 8 = 12 accumulators on AVX2
+  static void load(const float* p, Vec* w) {
+    for (int64_t v = 0; v < NV; ++v) w[v] = Vec::loadu(p + v * Vec::size());
+  }
+};
+
+// e4m3 weights, upcast in registers: each byte sign-extended to 16 bits, shifted left by 7 and
+// masked to sign and low 14 bits is a float16 of 1/256 the fp8 value (engine/ops/fp8.py's
+// `upcast`; exact for every finite code, subnormals too), which F16C converts to float32. The
+// 256 goes into the per-channel scales. A quarter of float32's bytes to stream: what a decode
+// step at few sequences waits on.
+struct Fp8 {
+  using T = uint8_t;
+  // Upcast in registers for up to 3 rows; from 4 the block is upcast once (blocked_linear):
+  // 6.7 / 7.1 / 10.1 / 13.5 ms for 1-4 rows through 30 SmolLM2 layers in registers, 12.6 /
+  // 13.4 / 13.8 ms for 2-4 upcast once (float32: ~15).
+  static constexpr int64_t MR = 3;
+  static void load(const uint8_t* p, Vec* w) {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i halves = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7),
+                                            _mm256_set1_epi16(static_cast<int16_t>(0xBF80)));
+#if defined(CPU_CAPABILITY_AVX512)
+    w[0] = Vec(_mm512_cvtph_ps(halves));
+#else
+    w[0] = Vec(_mm256_cvtph_ps(_mm256_castsi256_si128(halves)));
+    w[1] = Vec(_mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)));
+#endif
+#else
+    static const std::array<float, 256> table = [] {
+      std::array<float, 256> t{};
+      for (int i = 0; i < 256; ++i)
+        t[i] = static_cast<float>(c10::Float8_e4m3fn(i, c10::Float8_e4m3fn::from_bits())) / 256;
+      return t;
+    }();
+    float f[NB];
+    for (int64_t i = 0; i < NB; ++i) f[i] = table[p[i]];
+    for (int64_t v = 0; v < NV; ++v) w[v] = Vec::loadu(f + v * Vec::size());
+#endif
+  }
+};
+
+// Rows [0, M) of x times one block: y[i, 0:cols] for each row i, times the block's per-column
+// scales where there are any.
+template <typename W, int64_t M>
+void tile(const float* x, int64_t k, const typename W::T* block, const float* scales, float* y,
+          int64_t ldy, int64_t cols) {
   Vec acc[M][NV];
   for (int64_t i = 0; i < M; ++i)
     for (int64_t v = 0; v < NV; ++v) acc[i][v] = Vec(0.f);
   for (int64_t j = 0; j < k; ++j) {
     Vec w[NV];
-    for (int64_t v = 0; v < NV; ++v) w[v] = Vec::loadu(block + j * NB + v * Vec::size());
+    W::load(block + j * NB, w);
     for (int64_t i = 0; i < M; ++i) {
       const Vec xj(x[i * k + j]);
       for (int64_t v = 0; v < NV; ++v) acc[i][v] = at::vec::fmadd(xj, w[v], acc[i][v]);
     }
   }
   for (int64_t i = 0; i < M; ++i) {
+    if (scales != nullptr)
+      for (int64_t v = 0; v < NV; ++v) acc[i][v] = acc[i][v] * Vec::loadu(scales + v * Vec::size());
     if (cols == NB) {
       for (int64_t v = 0; v < NV; ++v) acc[i][v].store(y + i * ldy + v * Vec::size());
     } else {  // the padded last block
@@ -55,32 +112,82 @@ void tile(const float* x, int64_t k, const float* block, float* y, int64_t ldy, 
   }
 }
 
-using Tile = void (*)(const float*, int64_t, const float*, float*, int64_t, int64_t);
-constexpr Tile TILES[MR + 1] = {nullptr, tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+template <typename W>
+void tile_rows(int64_t rows, const float* x, int64_t k, const typename W::T* block,
+               const float* scales, float* y, int64_t ldy, int64_t cols) {
+  static_assert(W::MR <= 6);
+  switch (rows) {
+    case 1: return tile<W, 1>(x, k, block, scales, y, ldy, cols);
+    case 2: return tile<W, 2>(x, k, block, scales, y, ldy, cols);
+    case 3: return tile<W, 3>(x, k, block, scales, y, ldy, cols);
+    case 4: return tile<W, 4>(x, k, block, scales, y, ldy, cols);
+    case 5: if constexpr (W::MR >= 5) return tile<W, 5>(x, k, block, scales, y, ldy, cols);
+            break;
+    case 6: if constexpr (W::MR >= 6) return tile<W, 6>(x, k, block, scales, y, ldy, cols);
+            break;
+  }
+  TORCH_CHECK(false, "servebench::linear: ", rows, " rows in one tile");
+}
 
-at::Tensor linear(const at::Tensor& x_in, const at::Tensor& blocks, int64_t n) {
+// x [m, k] times blocks [ceil(n / NB), k, NB]: blocks split over torch's threads, each block
+// read from memory once and from cache for the next MR rows of x.
+template <typename W>
+at::Tensor blocked_linear(const at::Tensor& x_in, const at::Tensor& blocks, const float* scales,
+                          int64_t n) {
   TORCH_CHECK(x_in.dim() == 2 && blocks.dim() == 3 && blocks.size(2) == NB &&
                   x_in.size(1) == blocks.size(1) && blocks.size(0) == (n + NB - 1) / NB,
               "servebench::linear: x [m, k] and blocks [ceil(n / ", NB, "), k, ", NB, "], got ",
               x_in.sizes(), ", ", blocks.sizes(), " and n = ", n);
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && blocks.scalar_type() == at::kFloat &&
-                  blocks.is_contiguous(),
-              "servebench::linear: float32 and contiguous blocks only");
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && blocks.is_contiguous(),
+              "servebench::linear: float32 x and contiguous blocks only");
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = x.size(1);
   at::Tensor y = at::empty({m, n}, x.options());
   const float* xp = x.data_ptr<float>();
-  const float* wp = blocks.data_ptr<float>();
+  const auto* wp = static_cast<const typename W::T*>(blocks.const_data_ptr());
   float* yp = y.data_ptr<float>();
+  // Past one pass of rows, a low-precision block is upcast once into a float32 one (in L1 or
+  // L2) that the float32 tiles then read: upcast in registers for every pass of rows, the
+  // FMAs waited on the conversions (64 rows: 1.5x float32's time; upcast once, 0.97x).
+  const bool upcast_once = !std::is_same_v<W, F32> && m > W::MR;
   at::parallel_for(0, blocks.size(0), 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> upcast(upcast_once ? k * NB : 0);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t cols = std::min(NB, n - b * NB);
-      for (int64_t i = 0; i < m; i += MR) {
-        TILES[std::min(MR, m - i)](xp + i * k, k, wp + b * k * NB, yp + i * n + b * NB, n, cols);
+      const float* s = scales == nullptr ? nullptr : scales + b * NB;
+      const typename W::T* block = wp + b * k * NB;
+      if (upcast_once) {
+        for (int64_t j = 0; j < k; ++j) {
+          Vec w[NV];
+          W::load(block + j * NB, w);
+          for (int64_t v = 0; v < NV; ++v) w[v].store(upcast.data() + j * NB + v * Vec::size());
+        }
+        for (int64_t i = 0; i < m; i += F32::MR)
+          tile_rows<F32>(std::min(F32::MR, m - i), xp + i * k, k, upcast.data(), s,
+                         yp + i * n + b * NB, n, cols);
+        continue;
       }
+      for (int64_t i = 0; i < m; i += W::MR)
+        tile_rows<W>(std::min(W::MR, m - i), xp + i * k, k, block, s, yp + i * n + b * NB, n,
+                     cols);
     }
   });
   return y;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& blocks, int64_t n) {
+  TORCH_CHECK(blocks.scalar_type() == at::kFloat, "servebench::linear: float32 blocks");
+  return blocked_linear<F32>(x, blocks, nullptr, n);
+}
+
+// scales: [ceil(n / NB) * NB] float32, each output channel's scale times 256 (the upcast's
+// factor), padded as the blocks are.
+at::Tensor linear_fp8(const at::Tensor& x, const at::Tensor& blocks, const at::Tensor& scales,
+                      int64_t n) {
+  TORCH_CHECK(blocks.scalar_type() == at::kFloat8_e4m3fn && scales.scalar_type() == at::kFloat &&
+                  scales.is_contiguous() && scales.numel() == blocks.size(0) * NB,
+              "servebench::linear_fp8: e4m3 blocks and their float32 scales, padded to ", NB);
+  return blocked_linear<Fp8>(x, blocks, scales.const_data_ptr<float>(), n);
 }
 
 // servebench::decode_attention: one query token per sequence over its blocks of the paged cache
@@ -208,11 +315,13 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
 
 TORCH_LIBRARY_FRAGMENT(servebench, m) {
   m.def("linear(Tensor x, Tensor blocks, int out_features) -> Tensor");
+  m.def("linear_fp8(Tensor x, Tensor blocks, Tensor scales, int out_features) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor mask, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(servebench, CPU, m) {
   m.impl("linear", linear);
+  m.impl("linear_fp8", linear_fp8);
   m.impl("decode_attention", decode_attention);
 }

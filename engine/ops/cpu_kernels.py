@@ -1,5 +1,6 @@
-"""The engine's own CPU kernels (cpu_kernels.cpp): `servebench::linear` (engine/ops/
-cpu_linear.py) and `servebench::decode_attention` (engine/ops/cpu_decode_attention.py).
+"""The engine's own CPU kernels (cpu_kernels.cpp): `servebench::linear` and `linear_fp8`
+(engine/ops/cpu_linear.py) and `servebench::decode_attention` (engine/ops/
+cpu_decode_attention.py).
 
 Built by torch's extension builder at first use, once per machine, CPU capability and source
 (~12 s here, then loaded from its cache in ~0.1 s), with the flags ATen builds its own vector
@@ -61,6 +62,10 @@ def available() -> bool:
     @torch.library.register_fake("servebench::linear")
     def _(x: torch.Tensor, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], out_features)
+
+    @torch.library.register_fake("servebench::linear_fp8")
+    def _(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], n)
 
     @torch.library.register_fake("servebench::decode_attention")
     def _(q: torch.Tensor, *_: object) -> torch.Tensor:

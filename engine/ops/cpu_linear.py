@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.ops import cpu_kernels
+from engine.ops.fp8 import FP16_FROM_FP8_FACTOR, Fp8Linear
 
 MKL_MIN_ROWS = 1024  # where MKL's kernel starts to win over oneDNN (measured: README)
 BLOCK = 16  # cpu_kernels.cpp's NB: output rows per block of its weight layout
@@ -42,6 +43,15 @@ def to_blocks(weight: torch.Tensor) -> torch.Tensor:
     padded = weight.new_zeros(-(-out // BLOCK) * BLOCK, k)
     padded[:out] = weight
     return padded.view(-1, BLOCK, k).transpose(1, 2).contiguous()
+
+
+def fp8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An e4m3 weight [out, in] and its per-channel scales [out] as `servebench::linear_fp8`
+    takes them: blocks as `to_blocks`, scales times the kernel's upcast factor, padded alike."""
+    blocks = to_blocks(weight.view(torch.uint8)).view(weight.dtype)
+    scales = scale.new_zeros(blocks.shape[0] * BLOCK)
+    scales[: len(scale)] = scale * FP16_FROM_FP8_FACTOR
+    return blocks, scales
 
 
 def padded_rows(rows: int) -> int:
@@ -102,15 +112,25 @@ def onednn_packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
 class PackedLinear(nn.Module):
     """A bias-free linear layer holding only its re-laid-out weight (blocks for
     `servebench::linear`, else oneDNN's layout): the plain one is freed unless something else
-    holds it (a tied embedding)."""
+    holds it (a tied embedding). With `weight_scale`, an e4m3 weight (engine/ops/fp8.py) in
+    blocks for `servebench::linear_fp8`, which upcasts it in registers: the kernel only."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.native = cpu_kernels.available()
         w = weight.detach()
-        packed = to_blocks(w) if self.native else torch.ops.mkldnn._reorder_linear_weight(w)
+        scales = None
+        if weight_scale is not None:
+            if not self.native:
+                raise ValueError("e4m3 weights are packed for the engine's kernel only")
+            packed, scales = fp8_blocks(w, weight_scale)
+        elif self.native:
+            packed = to_blocks(w)
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w)
         self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("weight_scale", scales, persistent=False)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear) -> PackedLinear:
@@ -118,7 +138,15 @@ class PackedLinear(nn.Module):
             raise ValueError("PackedLinear has no bias (Llama's linears have none)")
         return cls(linear.weight)
 
+    @classmethod
+    def from_fp8(cls, linear: Fp8Linear) -> PackedLinear:
+        return cls(linear.weight, linear.weight_scale)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [rows, in_features]
+        if self.weight_scale is not None:
+            return torch.ops.servebench.linear_fp8(
+                x, self.packed_weight, self.weight_scale, self.out_features
+            )
         if self.native:
             return torch.ops.servebench.linear(x, self.packed_weight, self.out_features)
         if torch.compiler.is_compiling():
@@ -127,4 +155,6 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         layout = "servebench::linear blocks" if self.native else "oneDNN packed"
+        if self.weight_scale is not None:
+            layout = "servebench::linear_fp8 blocks, fp8_e4m3"
         return f"in_features={self.in_features}, out_features={self.out_features}, {layout}"

@@ -36,7 +36,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # float16 whose exponent bias is 8 too small, so the value is 2**-8 of the fp8 one; subnormals
 # come out right too. Exact for all 254 finite codes (tested), and much faster on CPU than
 # torch's own fp8 -> float cast (README, "Measured design choices").
-_FP16_FROM_FP8_FACTOR = 256.0
+FP16_FROM_FP8_FACTOR = 256.0
 _SIGN_AND_LOW_BITS = -16512  # int16 0xBF80: keep the sign (bit 15) and bits 13..7
 
 
@@ -49,7 +49,7 @@ def upcast(q: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, float]:
         return q.to(dtype), 1.0
     bits = q.view(torch.int8).to(torch.int16)  # sign-extends: bit 15 is the sign
     bits.bitwise_left_shift_(7).bitwise_and_(_SIGN_AND_LOW_BITS)
-    return bits.view(torch.float16).to(dtype), _FP16_FROM_FP8_FACTOR
+    return bits.view(torch.float16).to(dtype), FP16_FROM_FP8_FACTOR
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -111,7 +111,7 @@ def _blocked_weight_only(
         b.bitwise_left_shift_(7).bitwise_and_(_SIGN_AND_LOW_BITS)
         wb.copy_(b.view(torch.float16))
         torch.mm(wb, x2.t(), out=out_t[r0:r1])
-    out_t *= (weight_scale * _FP16_FROM_FP8_FACTOR).to(x.dtype)[:, None]
+    out_t *= (weight_scale * FP16_FROM_FP8_FACTOR).to(x.dtype)[:, None]
     return out_t.t().contiguous().view(*x.shape[:-1], n)
 
 
