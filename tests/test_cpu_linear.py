@@ -87,6 +87,26 @@ def test_fp8_engine_runs_the_kernel_and_gives_the_upcast_paths_tokens(
     assert got == want
 
 
+@pytest.mark.parametrize("shape", [(96, 160), (101, 163)])  # k a multiple of 32, and not
+def test_row_major_kernel_equals_f_linear(shape: tuple[int, int]) -> None:
+    """`servebench::linear_rows` (a tied LM head kept unpacked) at every row count the model
+    sends it (up to 8), and the logits of a model whose tied head is unpacked."""
+    assert cpu_kernels.available()
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(shape[1], shape[0], generator=g)
+    for rows in range(9):
+        x = torch.randn(rows, shape[0], generator=g)
+        got = torch.ops.servebench.linear_rows(x, w)
+        torch.testing.assert_close(got, F.linear(x, w), rtol=1e-5, atol=1e-4)
+    model = load_model("tiny-llama", torch.float32, torch.device("cpu")).model
+    model.pack_for_cpu(tied_head=False)
+    assert isinstance(model.lm_head, torch.nn.Linear)
+    hidden = torch.randn(3, model.config.hidden_size, generator=g)
+    with torch.inference_mode():
+        want = F.linear(hidden, model.lm_head.weight)
+        torch.testing.assert_close(model.compute_logits(hidden), want, rtol=1e-5, atol=1e-4)
+
+
 def test_the_kernel_is_built_here() -> None:
     assert cpu_kernels.available(), "torch's extension builder failed here (see the warning)"
     packed = PackedLinear(torch.ones(20, 8))

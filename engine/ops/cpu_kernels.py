@@ -1,6 +1,6 @@
 """The engine's own CPU kernels (cpu_kernels.cpp): `servebench::linear` and `linear_fp8`
-(engine/ops/cpu_linear.py) and `servebench::decode_attention` (engine/ops/
-cpu_decode_attention.py).
+(engine/ops/cpu_linear.py), `linear_rows` (a tied LM head kept unpacked: engine/model/
+llama.py) and `servebench::decode_attention` (engine/ops/cpu_decode_attention.py).
 
 Built by torch's extension builder at first use, once per machine, CPU capability and source
 (~12 s here, then loaded from its cache in ~0.1 s), with the flags ATen builds its own vector
@@ -66,6 +66,10 @@ def available() -> bool:
     @torch.library.register_fake("servebench::linear_fp8")
     def _(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], n)
+
+    @torch.library.register_fake("servebench::linear_rows")
+    def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.new_empty(x.shape[0], w.shape[0])
 
     @torch.library.register_fake("servebench::decode_attention")
     def _(q: torch.Tensor, *_: object) -> torch.Tensor:
