@@ -1,18 +1,23 @@
 """The compiled CPU decode attention computes what the eager gather-then-matmul path does,
 and the engine uses it by default and falls back to eager when it cannot compile."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.model import sources
 from engine.ops import (
     AttentionMetadata,
     KVCache,
+    attention,
     cpu_decode_attention,
     cpu_kernels,
     paged_attention,
 )
+from engine.ops.fp8 import dequantize, quantize
 
 
 def decode_case(
@@ -156,3 +161,57 @@ def test_the_engines_kernel_computes_the_formula(
     bad[0, 0] = pool  # a block in the context out of the pool: refused, not read
     with pytest.raises(RuntimeError, match="block"):
         torch.ops.servebench.decode_attention(q, k, v, bad, mask, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("batch", "max_len", "head_dim", "group"), [(1, 1, 64, 3), (5, 100, 64, 1), (9, 300, 128, 4)]
+)
+def test_the_kernels_fp8_variant_computes_the_dequantized_formula(
+    batch: int, max_len: int, head_dim: int, group: int
+) -> None:
+    """`servebench::decode_attention_fp8` over an e4m3 cache with a scale per KV head: what the
+    formula computes on the dequantized cache, table padding unread."""
+    assert cpu_kernels.available()
+    gen = torch.Generator().manual_seed(batch)
+    kv_heads, bs = 2, 16
+    nb = -(-max_len // bs)
+    pool = batch * nb + 3
+    scales = [torch.tensor([0.01, 0.03]).view(kv_heads, 1, 1) for _ in "kv"]
+    k, v = (quantize(torch.randn(kv_heads, pool, bs, head_dim, generator=gen), s[..., None])
+            for s in scales)  # fmt: skip
+    tables = torch.randperm(pool, generator=gen)[: batch * nb].view(batch, nb)
+    lens = torch.randint(1, max_len + 1, (batch,), generator=gen)
+    lens[0] = max_len
+    mask = torch.arange(nb * bs)[None] < lens[:, None]
+    for i, n in enumerate(lens.tolist()):
+        tables[i, -(-n // bs) :] = 10**6
+    q = torch.randn(batch, kv_heads, group, head_dim, generator=gen)
+    got = torch.ops.servebench.decode_attention_fp8(q, k, v, tables, mask, 0.1, *scales)
+    pairs = zip((k, v), scales, strict=True)
+    kd, vd = (dequantize(c, s[..., None], torch.float32) for c, s in pairs)
+    safe = tables.clamp(max=pool - 1)
+    want = cpu_decode_attention.decode_attention(q, kd, vd, safe, mask, 0.1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_an_fp8_cache_engine_decodes_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The eager forward's decodes over an fp8 cache take the kernel (no gather and
+    dequantization of every block), with the gathering path's greedy tokens."""
+    calls = []
+    real = cpu_decode_attention.fp8_kernel_fits
+
+    def counting(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        calls.append(real(q, k_cache))
+        return calls[-1]
+
+    monkeypatch.setattr(attention, "fp8_kernel_fits", counting)
+    wide = replace(sources.TINY_CONFIGS["tiny-llama"], head_dim=64)  # the kernel's head sizes
+    monkeypatch.setitem(sources.TINY_CONFIGS, "tiny-llama-64", wide)
+    prompts = [[5, 9, 2, 7] * k for k in (1, 4, 9)]
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    llm = LLM("tiny-llama-64", dtype="float32", kv_cache_dtype="fp8")
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert calls and all(calls)
+    monkeypatch.setattr(attention, "fp8_kernel_fits", lambda q, k_cache: False)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want

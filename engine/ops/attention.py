@@ -14,7 +14,11 @@ import torch
 import torch.nn.functional as F
 
 from engine.ops import cpu_decode_attention
-from engine.ops.cpu_decode_attention import fused_decode_attention, paged_decode_attention
+from engine.ops.cpu_decode_attention import (
+    fp8_kernel_fits,
+    fused_decode_attention,
+    paged_decode_attention,
+)
 from engine.ops.fp8 import quantize, upcast
 
 
@@ -194,10 +198,16 @@ def paged_attention(
     if nd:
         # Fold the query heads that share a KV head into the query axis: no K/V repeat.
         qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
+        mask, tables = meta.decode_mask.view(nd, -1), meta.decode_block_tables
         if meta.decode_fused:  # the engine's kernel where it fits, else inductor's
-            mask = meta.decode_mask.view(nd, -1)
-            tables, inductor = meta.decode_block_tables, fused_decode_attention
+            inductor = fused_decode_attention
             o = paged_decode_attention(qd, cache.k, cache.v, tables, mask, scale, inductor)
+        elif (
+            cache.k_scale is not None and cache.v_scale is not None and fp8_kernel_fits(qd, cache.k)
+        ):
+            o = torch.ops.servebench.decode_attention_fp8(
+                qd, cache.k, cache.v, tables, mask, scale, cache.k_scale, cache.v_scale
+            )
         else:
             o = _eager_decode(qd, cache, meta, scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)

@@ -77,6 +77,15 @@ def kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return fits and k_cache.device.type == "cpu" and cpu_kernels.BUILT["ok"]
 
 
+def fp8_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel's e4m3 variant (`servebench::decode_attention_fp8`) takes this batch
+    of the eager forward: float32 queries over an fp8 cache, K/V upcast in registers (the
+    eager path gathers and dequantizes every block it reads first)."""
+    fits = q.dtype == torch.float32 and k_cache.dtype == torch.float8_e4m3fn
+    fits = fits and q.shape[-1] in (64, 128) and k_cache.device.type == "cpu"
+    return fits and cpu_kernels.available()
+
+
 _state = {"enabled": True, "compiled_afresh": False}
 _compiled_shapes: set[tuple] = set()
 MAX_SHAPES = 6  # dynamo compiles one function at most 8 ways, then runs it eagerly

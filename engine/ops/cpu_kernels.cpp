@@ -240,12 +240,18 @@ at::Tensor linear_rows(const at::Tensor& x_in, const at::Tensor& w) {
 // task: scores of its `group` query heads against each key (K read once, in place, through the
 // block table), softmax, then the weighted sum of V (read once) per query head with the 64-wide
 // output in registers. The compiled formula (ops/cpu_decode_attention.py) read the cache at
-// 5-8 GB/s at 64 sequences (README, "Measured design choices").
-template <int64_t D>
-void attend(const float* q, const float* k, const float* v, const int64_t* table,
+// 5-8 GB/s at 64 sequences (README, "Measured design choices"). servebench::decode_attention_fp8
+// reads an e4m3 cache the same way, each K and V row upcast in registers as the linears' weights
+// are (Fp8 above), the head's K scale folded into the scores' and its V scale into the output's.
+template <int64_t D, typename W>
+void attend(const float* q, const typename W::T* k, const typename W::T* v, const int64_t* table,
             const bool* mask, int64_t nb, int64_t bs, int64_t block_stride, int64_t group,
-            float scale, float* scores, float* out) {
+            float scale, float v_scale, float* scores, float* out) {
   constexpr int64_t DV = D / Vec::size();
+  static_assert(D % NB == 0);
+  const auto load_row = [](const typename W::T* p, Vec* r) {
+    for (int64_t c = 0; c < D / NB; ++c) W::load(p + c * NB, r + c * NV);
+  };
   const int64_t keys = nb * bs;
   for (int64_t g = 0; g < group; ++g) {
     Vec qv[DV];
@@ -256,15 +262,17 @@ void attend(const float* q, const float* k, const float* v, const int64_t* table
         std::fill(row + blk * bs, row + (blk + 1) * bs, -std::numeric_limits<float>::infinity());
         continue;
       }
-      const float* kb = k + table[blk] * block_stride;
+      const typename W::T* kb = k + table[blk] * block_stride;
       for (int64_t t = 0; t < bs; ++t) {
         const int64_t j = blk * bs + t;
         if (!mask[j]) {
           row[j] = -std::numeric_limits<float>::infinity();
           continue;
         }
-        Vec acc = qv[0] * Vec::loadu(kb + t * D);
-        for (int64_t d = 1; d < DV; ++d) acc = at::vec::fmadd(qv[d], Vec::loadu(kb + t * D + d * Vec::size()), acc);
+        Vec kr[DV];
+        load_row(kb + t * D, kr);
+        Vec acc = qv[0] * kr[0];
+        for (int64_t d = 1; d < DV; ++d) acc = at::vec::fmadd(qv[d], kr[d], acc);
         row[j] = scale * at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, acc);
       }
     }
@@ -289,22 +297,27 @@ void attend(const float* q, const float* k, const float* v, const int64_t* table
     for (int64_t d = 0; d < DV; ++d) o[d] = Vec(0.f);
     for (int64_t blk = 0; blk < nb; ++blk) {
       if (table[blk] < 0) continue;
-      const float* vb = v + table[blk] * block_stride;
+      const typename W::T* vb = v + table[blk] * block_stride;
       for (int64_t t = 0; t < bs; ++t) {
         const float w = row[blk * bs + t];
         if (w == 0.f) continue;
         const Vec wv(w);
-        for (int64_t d = 0; d < DV; ++d) o[d] = at::vec::fmadd(wv, Vec::loadu(vb + t * D + d * Vec::size()), o[d]);
+        Vec vr[DV];
+        load_row(vb + t * D, vr);
+        for (int64_t d = 0; d < DV; ++d) o[d] = at::vec::fmadd(wv, vr[d], o[d]);
       }
     }
-    const Vec inv(1.f / total);
+    const Vec inv(v_scale / total);
     for (int64_t d = 0; d < DV; ++d) (o[d] * inv).store(out + g * D + d * Vec::size());
   }
 }
 
-at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
-                            const at::Tensor& v_cache, const at::Tensor& block_tables,
-                            const at::Tensor& mask_in, double scale) {
+// k_scale, v_scale: one per KV head (nullptr: a float32 cache).
+template <typename W>
+at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache,
+                        const at::Tensor& v_cache, const at::Tensor& block_tables,
+                        const at::Tensor& mask_in, double scale, const float* k_scale,
+                        const float* v_scale) {
   // q [B, kv_heads, group, D]; caches [kv_heads, blocks, bs, D]; tables [B, nb]; mask [B, nb*bs]
   TORCH_CHECK(q_in.dim() == 4 && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
                   block_tables.dim() == 2 && mask_in.dim() == 2,
@@ -315,22 +328,24 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
                   mask_in.size(0) == b && mask_in.size(1) == nb * bs,
               "servebench::decode_attention: shapes disagree");
   TORCH_CHECK(d == 64 || d == 128, "servebench::decode_attention: head_dim 64 or 128, got ", d);
-  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_cache.scalar_type() == at::kFloat &&
-                  v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
+  TORCH_CHECK(q_in.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
                   v_cache.is_contiguous(),
-              "servebench::decode_attention: float32, contiguous caches");
+              "servebench::decode_attention: float32 queries, contiguous caches");
   const at::Tensor q = q_in.contiguous();
   const at::Tensor tables = block_tables.to(at::kLong).contiguous();
   const at::Tensor mask = mask_in.to(at::kBool).contiguous();
   at::Tensor out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const auto* kp = static_cast<const typename W::T*>(k_cache.const_data_ptr());
+  const auto* vp = static_cast<const typename W::T*>(v_cache.const_data_ptr());
   const int64_t* tp = tables.data_ptr<int64_t>();
   const bool* mp = mask.data_ptr<bool>();
   float* op = out.data_ptr<float>();
   const int64_t block_stride = bs * d, head_stride = blocks * bs * d;
-  const auto fn = d == 64 ? attend<64> : attend<128>;
+  const auto fn = d == 64 ? attend<64, W> : attend<128, W>;
+  // An e4m3 row holds 1/256 of its values (Fp8::load): the factor and the head's scales go
+  // into the scores' scale and the output's.
+  const float factor = std::is_same_v<W, F32> ? 1.f : 256.f;
   // The blocks each sequence reads: -1 where none of a block's keys is in its context (the
   // table's padding), checked in range where one is.
   std::vector<int64_t> used(b * nb);
@@ -348,12 +363,38 @@ at::Tensor decode_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / heads, h = task % heads;
       const int64_t qo = (i * heads + h) * group * d;
+      const float ks = k_scale == nullptr ? 1.f : k_scale[h] * factor;
+      const float vs = v_scale == nullptr ? 1.f : v_scale[h] * factor;
       fn(qp + qo, kp + h * head_stride, vp + h * head_stride, used.data() + i * nb,
-         mp + i * nb * bs, nb, bs, block_stride, group, static_cast<float>(scale),
+         mp + i * nb * bs, nb, bs, block_stride, group, static_cast<float>(scale) * ks, vs,
          scores.data(), op + qo);
     }
   });
   return out;
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& block_tables,
+                            const at::Tensor& mask, double scale) {
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat,
+              "servebench::decode_attention: float32 caches");
+  return paged_decode<F32>(q, k_cache, v_cache, block_tables, mask, scale, nullptr, nullptr);
+}
+
+// k_scale, v_scale: float32, one per KV head (any shape of that many elements).
+at::Tensor decode_attention_fp8(const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                const at::Tensor& mask, double scale, const at::Tensor& k_scale,
+                                const at::Tensor& v_scale) {
+  const int64_t heads = k_cache.size(0);
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat8_e4m3fn &&
+                  v_cache.scalar_type() == at::kFloat8_e4m3fn,
+              "servebench::decode_attention_fp8: e4m3 caches");
+  for (const at::Tensor* t : {&k_scale, &v_scale})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == heads,
+                "servebench::decode_attention_fp8: one float32 scale per KV head");
+  return paged_decode<Fp8>(q, k_cache, v_cache, block_tables, mask, scale,
+                           k_scale.const_data_ptr<float>(), v_scale.const_data_ptr<float>());
 }
 
 }  // namespace
@@ -362,6 +403,8 @@ TORCH_LIBRARY_FRAGMENT(servebench, m) {
   m.def("linear(Tensor x, Tensor blocks, int out_features) -> Tensor");
   m.def("linear_fp8(Tensor x, Tensor blocks, Tensor scales, int out_features) -> Tensor");
   m.def("linear_rows(Tensor x, Tensor w) -> Tensor");
+  m.def("decode_attention_fp8(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
+        "Tensor mask, float scale, Tensor k_scale, Tensor v_scale) -> Tensor");
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, "
         "Tensor mask, float scale) -> Tensor");
 }
@@ -371,4 +414,5 @@ TORCH_LIBRARY_IMPL(servebench, CPU, m) {
   m.impl("linear_fp8", linear_fp8);
   m.impl("linear_rows", linear_rows);
   m.impl("decode_attention", decode_attention);
+  m.impl("decode_attention_fp8", decode_attention_fp8);
 }

@@ -1,6 +1,7 @@
 """The engine's own CPU kernels (cpu_kernels.cpp): `servebench::linear` and `linear_fp8`
 (engine/ops/cpu_linear.py), `linear_rows` (a tied LM head kept unpacked: engine/model/
-llama.py) and `servebench::decode_attention` (engine/ops/cpu_decode_attention.py).
+llama.py) and `servebench::decode_attention` and `decode_attention_fp8` (engine/ops/
+cpu_decode_attention.py, attention.py).
 
 Built by torch's extension builder at first use, once per machine, CPU capability and source
 (~12 s here, then loaded from its cache in ~0.1 s), with the flags ATen builds its own vector
@@ -70,6 +71,10 @@ def available() -> bool:
     @torch.library.register_fake("servebench::linear_rows")
     def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x.new_empty(x.shape[0], w.shape[0])
+
+    @torch.library.register_fake("servebench::decode_attention_fp8")
+    def _(q: torch.Tensor, *_: object) -> torch.Tensor:
+        return torch.empty_like(q)
 
     @torch.library.register_fake("servebench::decode_attention")
     def _(q: torch.Tensor, *_: object) -> torch.Tensor:
