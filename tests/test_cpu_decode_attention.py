@@ -196,7 +196,8 @@ def test_the_kernels_fp8_variant_computes_the_dequantized_formula(
 
 def test_an_fp8_cache_engine_decodes_through_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """The eager forward's decodes over an fp8 cache take the kernel (no gather and
-    dequantization of every block), with the gathering path's greedy tokens."""
+    dequantization of every block), with the gathering path's greedy tokens; so does the
+    compiled forward."""
     calls = []
     real = cpu_decode_attention.fp8_kernel_fits
 
@@ -209,9 +210,14 @@ def test_an_fp8_cache_engine_decodes_through_the_kernel(monkeypatch: pytest.Monk
     monkeypatch.setitem(sources.TINY_CONFIGS, "tiny-llama-64", wide)
     prompts = [[5, 9, 2, 7] * k for k in (1, 4, 9)]
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
-    llm = LLM("tiny-llama-64", dtype="float32", kv_cache_dtype="fp8")
+    llm = LLM("tiny-llama-64", dtype="float32", kv_cache_dtype="fp8", enforce_eager=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert calls and all(calls)
     monkeypatch.setattr(attention, "fp8_kernel_fits", lambda q, k_cache: False)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == want
+    # The compiled forward over the same cache: its decode graphs quantize and write K/V and
+    # call the kernel themselves.
+    compiled = LLM("tiny-llama-64", dtype="float32", kv_cache_dtype="fp8")
+    assert compiled.llm_engine.model_forward == "compiled"
+    assert [o.outputs[0].token_ids for o in compiled.generate(prompts, params)] == want

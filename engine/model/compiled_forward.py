@@ -33,6 +33,7 @@ import torch
 
 from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_kernels, paged_attention, write_kv_cache
+from engine.ops.cpu_decode_attention import fp8_kernel_fits
 
 logger = logging.getLogger(__name__)
 
@@ -52,9 +53,11 @@ def _layers_decode(
     slots: torch.Tensor,
     block_tables: torch.Tensor,
     mask: torch.Tensor,
+    scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,  # an fp8 cache's, per layer
 ) -> torch.Tensor:
-    for layer, k_cache, v_cache in zip(layers, k_caches, v_caches, strict=True):
-        x = layer.decode(x, cos_sin, k_cache, v_cache, slots, block_tables, mask)
+    for i, (layer, k_cache, v_cache) in enumerate(zip(layers, k_caches, v_caches, strict=True)):
+        k_scale, v_scale = scales[i] if scales is not None else (None, None)
+        x = layer.decode(x, cos_sin, k_cache, v_cache, slots, block_tables, mask, k_scale, v_scale)
     return x
 
 
@@ -147,14 +150,22 @@ def decode_forward(
     the first ones only."""
     x, cos_sin = model.embed(input_ids, positions)
     ks, vs = [c.k for c in kv_caches], [c.v for c in kv_caches]
+    scales = _scales(kv_caches)
     _mark_dynamic(x, cos_sin, slots, block_tables, mask, ks + vs)
     layers_decode = _compiled("decode")
     layers = list(model.layers)  # (slicing the ModuleList builds a module: ~0.5 ms a step)
-    for group in _groups(num_layers or len(layers)):
+    for g in _groups(num_layers or len(layers)):
         x = layers_decode(
-            layers[group], x, cos_sin, ks[group], vs[group], slots, block_tables, mask
+            layers[g], x, cos_sin, ks[g], vs[g], slots, block_tables, mask, scales and scales[g]
         )
     return model.norm(x)
+
+
+def _scales(caches: list[KVCache]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    """An fp8 cache's (K, V) scales per layer; None for a cache stored as it is computed."""
+    if caches[0].k_scale is None:
+        return None
+    return [(c.k_scale, c.v_scale) for c in caches]  # type: ignore[misc]
 
 
 def step_forward(
@@ -185,20 +196,27 @@ def step_forward(
 
 def supported(model: LlamaForCausalLM, kv_cache: KVCache) -> bool:
     """Plain or packed (engine/ops/cpu_linear.py; fp8 weights too, as the kernel's blocks)
-    linears and an unscaled cache: Fp8Linear's upcast (no kernel here) and fp8 caches take
-    the eager path, whose dequantization this graph does not have."""
+    linears, and a cache stored as computed or in fp8 with the kernel to read it (float32
+    model, heads of 64 or 128): Fp8Linear's upcast (no kernel here) and an fp8 cache without
+    the kernel take the eager path, whose dequantization this graph does not have."""
     from engine.ops.cpu_linear import PackedLinear
 
     linears = (getattr(parent, name) for parent, name in model._layer_linears())
     plain = all(isinstance(m, torch.nn.Linear | PackedLinear) for m in linears)
-    return plain and kv_cache.k_scale is None and kv_cache.k.device.type == "cpu"
+    if kv_cache.k_scale is not None:
+        q = torch.empty(1, 1, 1, kv_cache.k.shape[-1], dtype=model.embed_tokens.weight.dtype)
+        plain = plain and fp8_kernel_fits(q, kv_cache.k)
+    return plain and kv_cache.k.device.type == "cpu"
 
 
 def _check(kind: str, got: torch.Tensor, want: torch.Tensor, cache_dtype: torch.dtype) -> None:
     """Within a few roundings of the model's dtype, and of the cache's: a bf16 cache under a
     float32 model put the compiled decode 2e-4 (relative) from the eager one (cause not
-    traced; tests/test_fp8.py's budget test, run alone, refused to start on it)."""
-    tol = max(1e-4, 8 * torch.finfo(want.dtype).eps, 2 * torch.finfo(cache_dtype).eps)
+    traced; tests/test_fp8.py's budget test, run alone, refused to start on it). An fp8
+    cache's allowance is bf16's: both sides read the same e4m3 values, and a value the write
+    rounds the other way moves the output less than that."""
+    cache_eps = min(torch.finfo(cache_dtype).eps, torch.finfo(torch.bfloat16).eps)
+    tol = max(1e-4, 8 * torch.finfo(want.dtype).eps, 2 * cache_eps)
     scale = want.float().abs().max().item()
     err = (got.float() - want.float()).abs().max().item()
     if err > tol * max(scale, 1.0):
@@ -251,20 +269,21 @@ def warm_up(
                     slots = tables[torch.arange(b), positions // block_size] * block_size
                     slots += positions % block_size
                     mask = torch.arange(nb * block_size)[None] < positions[:, None] + 1
-                    args = (slots, tables, mask)
+                    args = (slots, tables, mask, _scales([kv_cache] * size))
                     want = _layers_decode(layers, x, cos_sin, _clone(ks), _clone(vs), *args)
                     got_ks, got_vs = _clone(ks), _clone(vs)
-                    _mark_dynamic(x, cos_sin, *args, got_ks + got_vs)
+                    _mark_dynamic(x, cos_sin, *args[:3], got_ks + got_vs)
                     got = _compiled("decode")(layers, x, cos_sin, got_ks, got_vs, *args)
                     _check("decode", got, want, kv_cache.k.dtype)
             ids, positions, meta = step_case()
             layer, (ks, vs) = model.layers[0], caches(1)
             x = torch.randn(len(ids), p.shape[1], generator=gen).to(p.dtype)
             cos_sin = model.cos_sin[positions]
-            want = layer(x, cos_sin, KVCache(ks[0].clone(), vs[0].clone()), meta)
+            scales = (kv_cache.k_scale, kv_cache.v_scale)
+            want = layer(x, cos_sin, KVCache(ks[0].clone(), vs[0].clone(), *scales), meta)
             for t in (x, cos_sin):
                 torch._dynamo.decorators.mark_unbacked(t, 0)
-            _current.append(_Step([KVCache(ks[0].clone(), vs[0].clone())], meta))
+            _current.append(_Step([KVCache(ks[0].clone(), vs[0].clone(), *scales)], meta))
             try:
                 got = _compiled("step")(layer, x, cos_sin)
             finally:

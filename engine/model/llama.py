@@ -143,15 +143,24 @@ class LlamaDecoderLayer(nn.Module):
         slots: torch.Tensor,  # [B]
         block_tables: torch.Tensor,  # [B, nb]
         mask: torch.Tensor,  # [B, nb * block_size] bool
+        k_scale: torch.Tensor | None = None,  # an fp8 cache's scales, [kv_heads, 1, 1]
+        v_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`forward` for a step of decodes only, with the attention formula of
         ops/cpu_decode_attention.py and no metadata branches: what the compiled decode forward
         compiles into one graph (engine/model/compiled_forward.py)."""
         q, k, v = self.attention_inputs(x, cos_sin)
-        write_kv_cache(k, v, KVCache(k_cache, v_cache), slots)
+        write_kv_cache(k, v, KVCache(k_cache, v_cache, k_scale, v_scale), slots)
         b, kv_heads, head_dim = k.shape
         q = q.view(b, kv_heads, -1, head_dim)
         scale = self.self_attn.attn.scale
+        if k_scale is not None and v_scale is not None:  # the kernel's e4m3 variant
+            return self.attention_output(
+                x,
+                torch.ops.servebench.decode_attention_fp8(
+                    q, k_cache, v_cache, block_tables, mask, scale, k_scale, v_scale
+                ),
+            )
         o = paged_decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
         return self.attention_output(x, o)
 
