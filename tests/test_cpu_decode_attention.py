@@ -201,8 +201,8 @@ def test_an_fp8_cache_engine_decodes_through_the_kernel(monkeypatch: pytest.Monk
     calls = []
     real = cpu_decode_attention.fp8_kernel_fits
 
-    def counting(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-        calls.append(real(q, k_cache))
+    def counting(dtype: torch.dtype, k_cache: torch.Tensor) -> bool:
+        calls.append(real(dtype, k_cache))
         return calls[-1]
 
     monkeypatch.setattr(attention, "fp8_kernel_fits", counting)
@@ -213,7 +213,7 @@ def test_an_fp8_cache_engine_decodes_through_the_kernel(monkeypatch: pytest.Monk
     llm = LLM("tiny-llama-64", dtype="float32", kv_cache_dtype="fp8", enforce_eager=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert calls and all(calls)
-    monkeypatch.setattr(attention, "fp8_kernel_fits", lambda q, k_cache: False)
+    monkeypatch.setattr(attention, "fp8_kernel_fits", lambda dtype, k_cache: False)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == want
     # The compiled forward over the same cache: its decode graphs quantize and write K/V and

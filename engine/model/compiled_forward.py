@@ -204,8 +204,7 @@ def supported(model: LlamaForCausalLM, kv_cache: KVCache) -> bool:
     linears = (getattr(parent, name) for parent, name in model._layer_linears())
     plain = all(isinstance(m, torch.nn.Linear | PackedLinear) for m in linears)
     if kv_cache.k_scale is not None:
-        q = torch.empty(1, 1, 1, kv_cache.k.shape[-1], dtype=model.embed_tokens.weight.dtype)
-        plain = plain and fp8_kernel_fits(q, kv_cache.k)
+        plain = plain and fp8_kernel_fits(model.embed_tokens.weight.dtype, kv_cache.k)
     return plain and kv_cache.k.device.type == "cpu"
 
 

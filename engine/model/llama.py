@@ -155,13 +155,10 @@ class LlamaDecoderLayer(nn.Module):
         q = q.view(b, kv_heads, -1, head_dim)
         scale = self.self_attn.attn.scale
         if k_scale is not None and v_scale is not None:  # the kernel's e4m3 variant
-            return self.attention_output(
-                x,
-                torch.ops.servebench.decode_attention_fp8(
-                    q, k_cache, v_cache, block_tables, mask, scale, k_scale, v_scale
-                ),
-            )
-        o = paged_decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
+            fp8 = torch.ops.servebench.decode_attention_fp8
+            o = fp8(q, k_cache, v_cache, block_tables, mask, scale, k_scale, v_scale)
+        else:
+            o = paged_decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
         return self.attention_output(x, o)
 
 

@@ -202,12 +202,9 @@ def paged_attention(
         if meta.decode_fused:  # the engine's kernel where it fits, else inductor's
             inductor = fused_decode_attention
             o = paged_decode_attention(qd, cache.k, cache.v, tables, mask, scale, inductor)
-        elif (
-            cache.k_scale is not None and cache.v_scale is not None and fp8_kernel_fits(qd, cache.k)
-        ):
-            o = torch.ops.servebench.decode_attention_fp8(
-                qd, cache.k, cache.v, tables, mask, scale, cache.k_scale, cache.v_scale
-            )
+        elif cache.k_scale is not None and fp8_kernel_fits(q.dtype, cache.k):
+            fp8 = torch.ops.servebench.decode_attention_fp8
+            o = fp8(qd, cache.k, cache.v, tables, mask, scale, cache.k_scale, cache.v_scale)
         else:
             o = _eager_decode(qd, cache, meta, scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)

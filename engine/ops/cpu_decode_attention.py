@@ -77,12 +77,12 @@ def kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return fits and k_cache.device.type == "cpu" and cpu_kernels.BUILT["ok"]
 
 
-def fp8_kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the kernel's e4m3 variant (`servebench::decode_attention_fp8`) takes this batch
-    of the eager forward: float32 queries over an fp8 cache, K/V upcast in registers (the
-    eager path gathers and dequantizes every block it reads first)."""
-    fits = q.dtype == torch.float32 and k_cache.dtype == torch.float8_e4m3fn
-    fits = fits and q.shape[-1] in (64, 128) and k_cache.device.type == "cpu"
+def fp8_kernel_fits(dtype: torch.dtype, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel's e4m3 variant (`servebench::decode_attention_fp8`) reads this cache
+    for queries in `dtype`: float32 queries over an fp8 cache with heads of 64 or 128, K/V
+    upcast in registers (the eager path gathers and dequantizes every block it reads first)."""
+    fits = dtype == torch.float32 and k_cache.dtype == torch.float8_e4m3fn
+    fits = fits and k_cache.shape[-1] in (64, 128) and k_cache.device.type == "cpu"
     return fits and cpu_kernels.available()
 
 
