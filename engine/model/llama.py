@@ -154,11 +154,9 @@ class LlamaDecoderLayer(nn.Module):
         b, kv_heads, head_dim = k.shape
         q = q.view(b, kv_heads, -1, head_dim)
         scale = self.self_attn.attn.scale
-        if k_scale is not None and v_scale is not None:  # the kernel's e4m3 variant
-            fp8 = torch.ops.servebench.decode_attention_fp8
-            o = fp8(q, k_cache, v_cache, block_tables, mask, scale, k_scale, v_scale)
-        else:
-            o = paged_decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
+        o = paged_decode_attention(
+            q, k_cache, v_cache, block_tables, mask, scale, k_scale=k_scale, v_scale=v_scale
+        )
         return self.attention_output(x, o)
 
 

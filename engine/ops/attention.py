@@ -199,12 +199,12 @@ def paged_attention(
         # Fold the query heads that share a KV head into the query axis: no K/V repeat.
         qd = q[:nd].view(nd, num_kv_heads, num_heads // num_kv_heads, head_dim)
         mask, tables = meta.decode_mask.view(nd, -1), meta.decode_block_tables
-        if meta.decode_fused:  # the engine's kernel where it fits, else inductor's
-            inductor = fused_decode_attention
-            o = paged_decode_attention(qd, cache.k, cache.v, tables, mask, scale, inductor)
-        elif cache.k_scale is not None and fp8_kernel_fits(q.dtype, cache.k):
-            fp8 = torch.ops.servebench.decode_attention_fp8
-            o = fp8(qd, cache.k, cache.v, tables, mask, scale, cache.k_scale, cache.v_scale)
+        fp8 = cache.k_scale is not None and fp8_kernel_fits(q.dtype, cache.k)
+        if meta.decode_fused or fp8:  # the engine's kernel where it fits, else inductor's
+            o = paged_decode_attention(
+                qd, cache.k, cache.v, tables, mask, scale, fused_decode_attention,
+                cache.k_scale, cache.v_scale,
+            )  # fmt: skip
         else:
             o = _eager_decode(qd, cache, meta, scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)
