@@ -9,7 +9,8 @@ Paths: "eager" (enforce_eager=True: eager PyTorch), "attention" (the
 eager model with the compiled decode attention of ops/cpu_decode_attention.py: the default
 before the compiled forward), "no-kernels" (the compiled forward without the engine's C++
 kernels, ops/cpu_kernels.cpp: oneDNN linears, inductor's decode attention; the default before
-them) and "compiled" (the
+them), "dynamo" (the compiled forward with every graph called through dynamo and its
+guards: the default before engine/model/direct_graph.py) and "compiled" (the
 default on CPU: steps of decodes run engine/model/compiled_forward.py). Greedy tokens of
 every path are compared: the ratio is only printed for paths that agree."""
 
@@ -28,6 +29,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
+from engine.model import compiled_forward
 from engine.model_store import load_shared
 from engine.ops import cpu_kernels
 
@@ -35,6 +37,7 @@ PATHS = {
     "eager": {"enforce_eager": True},
     "attention": {"enforce_eager": False},  # before the compiled forward: attention alone
     "no-kernels": {"enforce_eager": False},  # compiled, without ops/cpu_kernels.cpp
+    "dynamo": {"enforce_eager": False},  # compiled, each graph call through dynamo's guards
     "compiled": {"enforce_eager": False},
 }
 
@@ -71,6 +74,12 @@ def setup_path(name: str, model: str, batch: int, context: int, steps: int) -> L
     return eng
 
 
+def direct(on: bool) -> None:
+    """Compiled graphs called directly once known (the default), or through dynamo each time."""
+    for kind in compiled_forward.KINDS:
+        compiled_forward._compiled(kind).direct = on
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -89,9 +98,11 @@ def main() -> None:
         times: dict[str, list[float]] = {n: [] for n in args.paths}
         for _ in range(args.steps):
             for name, eng in engines.items():
+                direct(name != "dynamo")
                 t0 = time.perf_counter()
                 eng.step()
                 times[name].append(time.perf_counter() - t0)
+            direct(True)
         tokens = {n: [r.token_ids for r in e.scheduler.running] for n, e in engines.items()}
         first = args.paths[0]
         agree = all(t == tokens[first] for t in tokens.values())

@@ -67,15 +67,17 @@ def test_decode_graphs_of_several_layers_and_a_shorter_last_one(
     real = compiled_forward._compiled
     sizes: list[int] = []
 
-    def counting(layers, *args):  # type: ignore[no-untyped-def]
+    def counting(owner, key, layers, *args):  # type: ignore[no-untyped-def]
         sizes.append(len(layers))
-        return real("decode")(layers, *args)
+        return real("decode")(owner, key, layers, *args)
 
     monkeypatch.setattr(
         compiled_forward, "_compiled", lambda kind: counting if kind == "decode" else real(kind)
     )
     got = _greedy(compiled, 4)
     assert sizes == [2, 1] * 3  # 3 decode steps after the prefill's
+    layers = compiled.llm_engine.runner.model.layers  # both graphs called without dynamo
+    assert real("decode").direct_calls(layers[0]) and real("decode").direct_calls(layers[2])
     assert got == _greedy(LLM("tiny-llama-3", dtype="float32", enforce_eager=True), 4)
 
 
@@ -117,10 +119,12 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
     with torch.inference_mode():
         want_k, want_v = k.clone(), v.clone()
         want = layer.decode(x, cos_sin, want_k, want_v, slots, tables, mask)
-        got_k, got_v = k.clone(), v.clone()
-        got = compiled_forward._compiled("decode")(
-            [layer], x, cos_sin, [got_k], [got_v], slots, tables, mask
-        )
+        for _ in range(2):  # through dynamo, then the graph it chose called directly
+            got_k, got_v = k.clone(), v.clone()
+            got = compiled_forward._decode_graph(
+                [layer], x, cos_sin, [got_k], [got_v], slots, tables, mask, None
+            )
+    assert compiled_forward._compiled("decode").direct_calls(layer)
     if dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
@@ -156,7 +160,7 @@ def test_warm_up_refuses_a_wrong_compiled_layer(monkeypatch: pytest.MonkeyPatch,
     def compiled(k: str):  # type: ignore[no-untyped-def]
         if k != kind:
             return real(k)
-        return lambda *args: compiled_forward.KINDS[k](*args) + 0.01
+        return lambda owner, key, *args: compiled_forward.KINDS[k](*args) + 0.01
 
     monkeypatch.setattr(compiled_forward, "_compiled", compiled)
     monkeypatch.setattr(compiled_forward, "_compiled_shapes", set())

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model.direct_graph import DirectCompiled
 from engine.model.llama import LlamaDecoderLayer, LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_kernels, paged_attention, write_kv_cache
 from engine.ops.cpu_decode_attention import fp8_kernel_fits
@@ -108,7 +109,7 @@ KINDS = {"decode": _layers_decode, "step": _layer_step}
 
 
 @functools.cache
-def _compiled(kind: str) -> Callable[..., torch.Tensor]:
+def _compiled(kind: str) -> DirectCompiled:
     # Dynamo recompiles one function at most `recompile_limit` ways (8 by default), then runs
     # it eagerly without a word; each (layer shape, dtype, block size), in graphs of
     # LAYERS_PER_GRAPH layers and of the rest, is up to two ways (the limit leaves room for
@@ -116,24 +117,58 @@ def _compiled(kind: str) -> Callable[..., torch.Tensor]:
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, 4 * MAX_SHAPES + 8)
     # No size asserts after each op in the graph's wrapper (~0.5 ms of a one-sequence SmolLM2
-    # step): warm_up checks each kind against the eager layers instead.
-    options = {"size_asserts": False}
-    return torch.compile(KINDS[kind], dynamic=False, options=options)  # dims marked per call
+    # step): warm_up checks each kind against the eager layers instead. The sizes that vary
+    # are marked before each call through dynamo (MARKS); once dynamo chose a graph for a
+    # kind of call, later calls of that kind skip it (engine/model/direct_graph.py).
+    return DirectCompiled(KINDS[kind], {"size_asserts": False}, MARKS[kind])
+
+
+def _decode_graph(
+    layers: list[LlamaDecoderLayer], x: torch.Tensor, cos_sin: torch.Tensor,
+    ks: list[torch.Tensor], vs: list[torch.Tensor], slots: torch.Tensor, tables: torch.Tensor,
+    mask: torch.Tensor, scales: list[tuple[torch.Tensor, torch.Tensor]] | None,
+) -> torch.Tensor:  # fmt: skip
+    """`_layers_decode` compiled. What its guards would check, the direct call's key holds:
+    the layers (the first one, and how many), the dtypes, the caches' shape, and that the
+    step's tensors are laid out as when traced (contiguous; their sizes are dynamic)."""
+    step_tensors = (x, cos_sin, slots, tables, mask)
+    key = (
+        len(layers), x.dtype, ks[0].dtype, tuple(ks[0].shape), scales is None,
+        all(t.is_contiguous() for t in step_tensors),
+    )  # fmt: skip
+    return _compiled("decode")(
+        layers[0], key, layers, x, cos_sin, ks, vs, slots, tables, mask, scales
+    )
+
+
+def _step_graph(layer: LlamaDecoderLayer, x: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+    """`_layer_step` compiled (keyed as `_decode_graph`; the cache is read by the op)."""
+    key = (x.dtype, x.is_contiguous() and cos_sin.is_contiguous())
+    return _compiled("step")(layer, key, layer, x, cos_sin)
 
 
 _compiled_shapes: set[tuple] = set()
 
 
-def _mark_dynamic(
-    x: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor, tables: torch.Tensor,
-    mask: torch.Tensor, caches: list[torch.Tensor],
+def _mark_decode(
+    layers: list[LlamaDecoderLayer], x: torch.Tensor, cos_sin: torch.Tensor,
+    ks: list[torch.Tensor], vs: list[torch.Tensor], slots: torch.Tensor, tables: torch.Tensor,
+    mask: torch.Tensor, scales: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> None:  # fmt: skip
     for t in (x, cos_sin, slots, tables, mask):
         torch._dynamo.decorators.mark_unbacked(t, 0)  # sequences
     torch._dynamo.decorators.mark_unbacked(tables, 1)  # blocks per sequence
     torch._dynamo.decorators.mark_unbacked(mask, 1)
-    for cache in caches:  # K and V
+    for cache in ks + vs:
         torch._dynamo.maybe_mark_dynamic(cache, 1)  # pool size
+
+
+def _mark_step(layer: LlamaDecoderLayer, x: torch.Tensor, cos_sin: torch.Tensor) -> None:
+    for t in (x, cos_sin):
+        torch._dynamo.decorators.mark_unbacked(t, 0)  # tokens
+
+
+MARKS = {"decode": _mark_decode, "step": _mark_step}
 
 
 def decode_forward(
@@ -151,11 +186,9 @@ def decode_forward(
     x, cos_sin = model.embed(input_ids, positions)
     ks, vs = [c.k for c in kv_caches], [c.v for c in kv_caches]
     scales = _scales(kv_caches)
-    _mark_dynamic(x, cos_sin, slots, block_tables, mask, ks + vs)
-    layers_decode = _compiled("decode")
     layers = list(model.layers)  # (slicing the ModuleList builds a module: ~0.5 ms a step)
     for g in _groups(num_layers or len(layers)):
-        x = layers_decode(
+        x = _decode_graph(
             layers[g], x, cos_sin, ks[g], vs[g], slots, block_tables, mask, scales and scales[g]
         )
     return model.norm(x)
@@ -178,15 +211,12 @@ def step_forward(
 ) -> torch.Tensor:
     """The model's forward for any step, [T, hidden] (as LlamaForCausalLM.forward)."""
     x, cos_sin = model.embed(input_ids, positions)
-    for t in (x, cos_sin):
-        torch._dynamo.decorators.mark_unbacked(t, 0)  # tokens
     step = _Step(kv_caches, meta)
     _current.append(step)
     n = num_layers or len(model.layers)
     try:
-        layer_step = _compiled("step")
         for layer in model.layers[:n]:
-            x = layer_step(layer, x, cos_sin)
+            x = _step_graph(layer, x, cos_sin)
     finally:
         _current.pop()
     if step.layer != n:  # an op left out or run twice: the cache is wrong
@@ -270,9 +300,7 @@ def warm_up(
                     mask = torch.arange(nb * block_size)[None] < positions[:, None] + 1
                     args = (slots, tables, mask, _scales([kv_cache] * size))
                     want = _layers_decode(layers, x, cos_sin, _clone(ks), _clone(vs), *args)
-                    got_ks, got_vs = _clone(ks), _clone(vs)
-                    _mark_dynamic(x, cos_sin, *args[:3], got_ks + got_vs)
-                    got = _compiled("decode")(layers, x, cos_sin, got_ks, got_vs, *args)
+                    got = _decode_graph(layers, x, cos_sin, _clone(ks), _clone(vs), *args)
                     _check("decode", got, want, kv_cache.k.dtype)
             ids, positions, meta = step_case()
             layer, (ks, vs) = model.layers[0], caches(1)
@@ -280,11 +308,9 @@ def warm_up(
             cos_sin = model.cos_sin[positions]
             scales = (kv_cache.k_scale, kv_cache.v_scale)
             want = layer(x, cos_sin, KVCache(ks[0].clone(), vs[0].clone(), *scales), meta)
-            for t in (x, cos_sin):
-                torch._dynamo.decorators.mark_unbacked(t, 0)
             _current.append(_Step([KVCache(ks[0].clone(), vs[0].clone(), *scales)], meta))
             try:
-                got = _compiled("step")(layer, x, cos_sin)
+                got = _step_graph(layer, x, cos_sin)
             finally:
                 _current.pop()
             _check("step", got, want, kv_cache.k.dtype)
