@@ -6,9 +6,10 @@
   attention (ops/cpu_decode_attention.py's formula or kernel, reading K/V in the paged cache)
   into C++ loops between the linears, which stay ops (ops/cpu_linear.py: `servebench::linear`,
   or `packed_linear`). Five layers to a graph rather than one: each call of a compiled
-  function pays dynamo's guards and AOT's wrappers (~0.1 ms here), which at one sequence was
+  function paid dynamo's guards and AOT's wrappers (~0.1 ms here), which at one sequence was
   ~3 ms of a ~30 ms SmolLM2 step; ten layers a graph measured no faster, and the whole model
-  as one graph compiled ~6x longer (README, "Measured design choices").
+  as one graph compiled ~6x longer (README, "Measured design choices"). Since, calls after
+  the first of each kind skip dynamo (engine/model/direct_graph.py).
 - step: any other step (prefill chunks, alone or beside decodes) runs each layer with its
   attention as an opaque op, `servebench::paged_attention`, which takes the step's metadata and
   the layer's cache from the step being computed (as vLLM's attention op reads its forward
