@@ -43,7 +43,7 @@ class _Direct:
     """A recorded kind of call: the graph, and how to gather its inputs from the arguments."""
 
     run: Callable[..., Any]
-    inputs: list[Callable[[dict[str, Any]], Any]]
+    inputs: Callable[[dict[str, Any]], list[Any]]  # the arguments by name -> graph inputs
 
 
 class DirectCompiled:
@@ -87,7 +87,7 @@ class DirectCompiled:
         entry = self.entries.get(owner, {}).get(key) if self.direct else None
         if entry is not None:
             local = dict(zip(self.params, args, strict=True))
-            return entry.run(*[get(local) for get in entry.inputs])[0]
+            return entry.run(*entry.inputs(local))[0]
         self.mark(*args)  # (on calls through dynamo only: ~1 us a tensor)
         if not self.direct:
             return self.compiled(*args)
@@ -114,19 +114,17 @@ def _recorded(
     found it and the graph's one output is what the function returned."""
     if not (isinstance(out, list | tuple) and len(out) == 1 and out[0] is result):
         return None
-    inputs = []
-    for source, arg in zip(graph.sources, args, strict=True):
-        if source is None:
-            return None
-        try:
-            get = eval(f"lambda L: {source}", {})  # dynamo's own source text
-            value = get(local)
-        except Exception:
-            return None
+    if None in graph.sources:
+        return None
+    try:  # one function for all inputs: a call each costs more than the walk to most of them
+        inputs = eval(f"lambda L: [{', '.join(graph.sources)}]", {})  # dynamo's own source text
+        values = inputs(local)
+    except Exception:
+        return None
+    for value, arg in zip(values, args, strict=True):
         same = (
             value is arg if isinstance(arg, torch.Tensor) else type(value) is int and value == arg
         )
         if not same:
             return None
-        inputs.append(get)
     return _Direct(graph.run, inputs)
