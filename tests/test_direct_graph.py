@@ -93,27 +93,38 @@ def _with_break(blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
     return blocks[0](x)
 
 
+def _break_first(blocks: list[Block], x: torch.Tensor) -> torch.Tensor:
+    x.add_(1)  # eager, before the break: the one graph runs in a frame resumed after it
+    torch._dynamo.graph_break()
+    return blocks[0](x)
+
+
 def _returns_more(blocks: list[Block], x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return blocks[0](x), x.shape[0]  # dynamo builds the tuple after the graph
 
 
-@pytest.mark.parametrize("fn", [_with_break, _returns_more])
+@pytest.mark.parametrize("fn", [_with_break, _break_first, _returns_more])
 @torch.inference_mode()
 def test_calls_that_are_not_one_graph_computing_the_result_keep_going_through_dynamo(
     fn: object,
 ) -> None:
     f = DirectCompiled(fn, {}, lambda *args: None)  # type: ignore[arg-type]
     block = Block(8)
-    x = torch.randn(3, 8)
     for _ in range(2):
-        torch.testing.assert_close(f(block, "k", [block], x), fn([block], x))  # type: ignore[operator]
+        x = torch.randn(3, 8)
+        want = fn([block], x.clone())  # type: ignore[operator]
+        torch.testing.assert_close(f(block, "k", [block], x), want)
     assert f.direct_calls(block) == 0
 
 
 @torch.inference_mode()
-def test_direct_off_calls_through_dynamo_and_records_nothing() -> None:
+def test_direct_off_or_no_key_calls_through_dynamo_and_records_nothing() -> None:
     f = DirectCompiled(layers_then_write, {}, mark)
     f.direct = False
     blocks = [Block(8)]
     torch.testing.assert_close(_call(f, blocks, 2)[0], _want(blocks, 2)[0])
+    assert f.direct_calls(blocks[0]) == 0
+    f.direct = True
+    x, out, rows = torch.randn(2, 8), torch.zeros(16, 8), torch.tensor([3, 5])
+    f(blocks[0], None, blocks, x, out, rows)
     assert f.direct_calls(blocks[0]) == 0

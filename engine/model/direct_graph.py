@@ -5,21 +5,27 @@ Each call of a compiled function pays dynamo before the graph runs: guards over 
 attribute, weight and input it read (~2,000 of them for five SmolLM2 layers), and a walk
 over the modules to collect the weights. Measured here at one sequence, ~0.35 ms of a ~3 ms
 five-layer decode graph, ~2 ms of a ~21 ms step (six graphs). The caller names a call's kind
-with a key that fixes everything those guards check (the modules, dtypes, static shapes); the
-first call of a key goes through dynamo, which compiles or picks a graph, and is watched:
-where exactly one graph ran and produced the result, each of its inputs is found again by the
-expression dynamo reached it by (`L['layers'][0]._modules['mlp']...`, `L['x'].size()[0]`),
-checked against what dynamo passed. Later calls of that key evaluate those expressions and
+with a key that fixes, for its calls, what those guards check (the modules, dtypes, layouts,
+static shapes); grad and inference mode are added. The first call of a key goes through
+dynamo, which compiles or picks a graph, and is watched: where the function's own frame ran
+exactly one graph and it produced the result, each of the graph's inputs is found again by
+the expression dynamo reached it by (`L['layers'][0]._modules['mlp']...`, `L['x'].size()[0]`)
+and checked against what dynamo passed. Later calls of that key evaluate those expressions and
 call the graph. vLLM's compile wrapper dispatches to dynamo's compiled code without guards
-for the same reason. Calls whose key was never recorded (a graph break, dynamo running the
-function eagerly) keep going through dynamo.
+for the same reason. A key of None, and calls whose key was never recorded (a graph break,
+dynamo running the function eagerly), go through dynamo every time.
 
-The function must be pure apart from the tensors it writes in-graph: Python side effects
-that dynamo would replay after the graph are skipped on the direct path."""
+What a key cannot say, the caller must keep fixed: global state other than grad mode
+(autocast, default dtype), globals the function reads, and which arguments are one object
+(dynamo passes a tensor given twice once, and a later call passing two would get the first
+twice). The function must be pure apart from the tensors it writes in-graph (Python side
+effects dynamo replays are skipped), and is called with every argument, by position."""
 
 from __future__ import annotations
 
 import inspect
+import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -57,6 +63,7 @@ class DirectCompiled:
         self, fn: Callable[..., Any], options: dict[str, Any], mark: Callable[..., None]
     ) -> None:
         self.params = list(inspect.signature(fn).parameters)
+        self.name = fn.__name__  # a graph run from another frame (a graph break's) is not it
         self.options = options
         self.mark = mark
         self.compiled = torch.compile(fn, backend=self._compile, dynamic=False)
@@ -77,27 +84,28 @@ class DirectCompiled:
             out = graph.run(*args)
             seen = getattr(self._seen, "calls", None)
             if seen is not None:
-                seen.append((graph, args, out))
+                seen.append((graph, args, out, _caller()))
             return out
 
         return run
 
-    def __call__(self, owner: Any, key: Hashable, *args: Any) -> Any:
-        key = (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    def __call__(self, owner: Any, key: Hashable | None, *args: Any) -> Any:
+        if key is not None:
+            key = (key, torch.is_grad_enabled(), torch.is_inference_mode_enabled())
         entry = self.entries.get(owner, {}).get(key) if self.direct else None
         if entry is not None:
             local = dict(zip(self.params, args, strict=True))
             return entry.run(*entry.inputs(local))[0]
         self.mark(*args)  # (on calls through dynamo only: ~1 us a tensor)
-        if not self.direct:
+        if not self.direct or key is None:
             return self.compiled(*args)
         self._seen.calls = []
         try:
             result = self.compiled(*args)
         finally:
             seen, self._seen.calls = self._seen.calls, None
-        if len(seen) == 1:
-            direct = _recorded(*seen[0], result, dict(zip(self.params, args, strict=True)))
+        if len(seen) == 1 and seen[0][3] == self.name:
+            direct = _recorded(*seen[0][:3], result, dict(zip(self.params, args, strict=True)))
             if direct is not None:
                 self.entries.setdefault(owner, {})[key] = direct
         return result
@@ -105,6 +113,18 @@ class DirectCompiled:
     def direct_calls(self, owner: Any) -> int:
         """Kinds of call recorded for `owner` (tests)."""
         return len(self.entries.get(owner, {}))
+
+
+def _caller() -> str:
+    """The name of the code that ran the graph, torch's wrappers skipped: dynamo's code for the
+    frame it compiled (the function's name, or a `torch_dynamo_resume_in_...` one)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_TORCH):
+        frame = frame.f_back
+    return frame.f_code.co_name if frame is not None else ""
+
+
+_TORCH = os.path.dirname(torch.__file__)
 
 
 def _recorded(
