@@ -36,19 +36,23 @@ def mark(blocks: list[Block], x: torch.Tensor, out: torch.Tensor, rows: torch.Te
     torch._dynamo.decorators.mark_unbacked(rows, 0)
 
 
-def _call(f: DirectCompiled, blocks: list[Block], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _inputs(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """n rows of x, the buffer they are written to, and at which rows (the same for each n)."""
     gen = torch.Generator().manual_seed(n)
-    x = torch.randn(n, 8, generator=gen)
-    out = torch.zeros(16, 8)
-    rows = torch.randperm(16, generator=gen)[:n]
+    return (
+        torch.randn(n, 8, generator=gen),
+        torch.zeros(16, 8),
+        torch.randperm(16, generator=gen)[:n],
+    )
+
+
+def _call(f: DirectCompiled, blocks: list[Block], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, out, rows = _inputs(n)
     return f(blocks[0], len(blocks), blocks, x, out, rows), out
 
 
 def _want(blocks: list[Block], n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(n)
-    x = torch.randn(n, 8, generator=gen)
-    out = torch.zeros(16, 8)
-    rows = torch.randperm(16, generator=gen)[:n]
+    x, out, rows = _inputs(n)
     return layers_then_write(blocks, x, out, rows), out
 
 

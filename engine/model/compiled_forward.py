@@ -8,8 +8,8 @@
   or `packed_linear`). Five layers to a graph rather than one: each call of a compiled
   function paid dynamo's guards and AOT's wrappers (~0.1 ms here), which at one sequence was
   ~3 ms of a ~30 ms SmolLM2 step; ten layers a graph measured no faster, and the whole model
-  as one graph compiled ~6x longer (README, "Measured design choices"). Since, calls after
-  the first of each kind skip dynamo (engine/model/direct_graph.py).
+  as one graph compiled ~6x longer (README, "Measured design choices"). Calls after the
+  first of each kind now skip dynamo (engine/model/direct_graph.py).
 - step: any other step (prefill chunks, alone or beside decodes) runs each layer with its
   attention as an opaque op, `servebench::paged_attention`, which takes the step's metadata and
   the layer's cache from the step being computed (as vLLM's attention op reads its forward
@@ -302,7 +302,7 @@ def warm_up(
                     mask = torch.arange(nb * block_size)[None] < positions[:, None] + 1
                     args = (slots, tables, mask, _layer_scales(kv_cache, size))
                     want = _layers_decode(layers, x, cos_sin, _clone(ks), _clone(vs), *args)
-                    for _ in range(2):  # compiled through dynamo, then called directly
+                    for _ in range(2):  # through dynamo, then directly (calls with a key)
                         got = _decode_graph(layers, x, cos_sin, _clone(ks), _clone(vs), *args)
                         _check("decode", got, want, kv_cache.k.dtype)
             ids, positions, meta = step_case()

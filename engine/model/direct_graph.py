@@ -115,6 +115,9 @@ class DirectCompiled:
         return len(self.entries.get(owner, {}))
 
 
+_TORCH = os.path.dirname(torch.__file__)  # frames of torch's own wrappers live here
+
+
 def _caller() -> str:
     """The name of the code that ran the graph, torch's wrappers skipped: dynamo's code for the
     frame it compiled (the function's name, or a `torch_dynamo_resume_in_...` one)."""
@@ -122,9 +125,6 @@ def _caller() -> str:
     while frame is not None and frame.f_code.co_filename.startswith(_TORCH):
         frame = frame.f_back
     return frame.f_code.co_name if frame is not None else ""
-
-
-_TORCH = os.path.dirname(torch.__file__)
 
 
 def _recorded(
