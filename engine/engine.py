@@ -20,7 +20,7 @@ from engine.core.request import FinishReason, Request, RequestOutput, SamplingPa
 from engine.core.scheduler import Scheduler
 from engine.cuda_graphs import DecodeGraphs
 from engine.distributed.workers import TPWorkers, check_tensor_parallel
-from engine.model.cost import StepShape, step_cost
+from engine.model.cost import StepShape, chunk_totals, step_cost_of_totals
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
 from engine.model_store import kv_scales as load_kv_scales
@@ -401,20 +401,8 @@ class LLMEngine:
         self._step_outputs = outputs  # what fail_running delivers if the loop below raises
         num_new = 0
         for req, tokens in sampled:
-            req.spec_token_ids = []
-            if req.metrics.first_token_time is None:
-                req.metrics.first_token_time = now
-                if req.index == 0:  # n > 1: the children share one prompt
-                    self._counters["prompt_tokens"] += req.num_prompt_tokens
-            emitted = []
-            for token in tokens:  # several with speculative decoding, up to a stop
-                req.token_ids.append(token)
-                emitted.append(token)
-                self._process_token(req, token)
-                if req.is_finished:
-                    break
-            num_new += len(emitted)
-            outputs.append(self._output(req, emitted))
+            outputs.append(self._emit(req, tokens, now))
+            num_new += len(outputs[-1].new_token_ids)
         if self._held:
             self._release_held()
         self._counters["steps"] += 1
@@ -445,6 +433,23 @@ class LLMEngine:
             )
         self._step_outputs = []
         return outputs
+
+    def _emit(self, req: Request, tokens: list[int], now: float) -> RequestOutput:
+        """A request's sampled tokens (several with speculative decoding), up to a stop:
+        appended, checked for stops, and its output."""
+        req.spec_token_ids = []
+        if req.metrics.first_token_time is None:
+            req.metrics.first_token_time = now
+            if req.index == 0:  # n > 1: the children share one prompt
+                self._counters["prompt_tokens"] += req.num_prompt_tokens
+        emitted = []
+        for token in tokens:
+            req.token_ids.append(token)
+            emitted.append(token)
+            self._process_token(req, token)
+            if req.is_finished:
+                break
+        return self._output(req, emitted)
 
     def _log_step(
         self,
@@ -497,11 +502,19 @@ class LLMEngine:
         return time.perf_counter() - t0
 
     def _step_cost(self, chunks: list[tuple[int, int]], sampled_rows: int) -> dict[str, float]:
+        return self._step_cost_of_totals(*chunk_totals(chunks), sampled_rows)
+
+    def _step_cost_of_totals(
+        self, tokens: int, pairs: int, keys: int, sampled_rows: int
+    ) -> dict[str, float]:
+        """The step log's FLOPs and bytes (cost.step_cost_of_totals) at this engine's dtypes."""
         c = self.config
         dtype_bytes = DTYPES[c.dtype].itemsize
-        cost = step_cost(
+        cost = step_cost_of_totals(
             self.model_config,
-            chunks,
+            tokens,
+            pairs,
+            keys,
             sampled_rows,
             weight_bytes_per_param=1.0 if c.quantization == "fp8" else dtype_bytes,
             kv_bytes_per_elem=DTYPES[c.cache.kv_cache_dtype].itemsize,

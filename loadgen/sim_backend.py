@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.core.request import SamplingParams
+from engine.core.request import Request, SamplingParams
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.sim_engine import Progress, SimEngine
@@ -34,7 +34,8 @@ class SimBackend:
     loop directly: no per-token wake-ups, so an hour of traffic takes seconds."""
 
     name = "sim"
-    fast_forward = True  # decode stretches at once (False: every step in turn; same result)
+    # Lazy decodes and decode stretches (False: every request visited every step; same result)
+    fast_forward = True
 
     def __init__(
         self,
@@ -53,6 +54,11 @@ class SimBackend:
         self._replies: PromptBuilder | None = None  # multi-turn: text to carry the reply
         self._words: tuple[dict[str, int], list[int]] | None = None  # " word" -> its id
         self._checks = 3
+        if engine.lazy is not None:
+            if self.fast_forward:
+                engine.lazy.on_tokens = self._stamp
+            else:
+                engine.lazy = None
 
     def engine_info(self) -> dict[str, Any]:
         engine = self.engine
@@ -217,6 +223,15 @@ class SimBackend:
             rec.chunk_tokens += [1] * (k * c)
             rec.chunk_choice += indices * k
         await asyncio.sleep(ends[-1] - self.clock.now)
+
+    def _stamp(self, req: Request, ends: list[float]) -> None:
+        """Tokens a request took as a lazy decode (engine/sim/lazy_decodes.py), one a step,
+        each stamped at its step's end."""
+        pending = self._pending.get(req.parent_id)
+        if pending is not None:
+            rec, t0 = pending.rec, pending.t0
+            rec.chunk_s += [t - t0 for t in ends]
+            rec.chunk_tokens += [1] * len(ends)
 
     def _deliver(self, outputs: list[Any]) -> None:
         """A step's outputs, stamped at its end (now)."""

@@ -332,6 +332,12 @@ def test_model_shapes_from_builtins_and_config_json(tmp_path: Path) -> None:
     assert model_shape("smollm2-135m").num_layers == 30  # GGUF metadata, no weights read
 
 
+def _count(outputs: Any, taken: list) -> Any:
+    if outputs is not None:
+        taken.append(1)
+    return outputs
+
+
 def _lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
@@ -358,23 +364,37 @@ def _same(a: Any, b: Any, where: str) -> None:
         {"rate": None, "concurrency": 5, "num_kv_blocks": 40},  # closed loop, tight pool
         {"batching": "static", "max_num_seqs": 3, "rate": 8.0},
         {"n": 3, "rate": 2.0},
+        # Lazy decodes beside prompts chunked over several steps, and a queue.
+        {"rate": 2000.0, "num_requests": 60, "input_len": "uniform:40:300"}
+        | {"max_num_batched_tokens": 96, "max_num_seqs": 24},
+        {"rate": 2000.0, "num_requests": 60, "num_kv_blocks": 64},  # preemption mid-group
+        {"rate": 400.0, "max_model_len": 100, "input_len": 50, "output_len": 80},  # length cap
     ],
 )
-def test_decode_stretches_give_what_every_step_in_turn_gives(
+def test_fast_paths_give_what_every_step_in_turn_gives(
     tmp_path: Path, monkeypatch, flags: dict
 ) -> None:
-    """The fast path (SimEngine.decode_stretch) changes nothing but the simulation's speed:
-    every record's token stamps and every step log line as stepping one step at a time."""
+    """The fast paths (lazy decodes, SimEngine.decode_stretch) change nothing but the
+    simulation's speed: every record's token stamps and every step log line as stepping
+    every request one step at a time."""
+    from engine.sim.lazy_decodes import LazyDecodes
     from loadgen.sim_backend import SimBackend
 
+    lazy_steps = []
+    real_step = LazyDecodes.step
+    monkeypatch.setattr(LazyDecodes, "step", lambda self: _count(real_step(self), lazy_steps))
     flags = {"output_len": "uniform:20:70", "max_model_len": 512, **flags}
     rc, printed, fast = sim_run(tmp_path / "fast", **flags)
     assert rc == 0, printed
+    if flags.get("batching") != "static" and flags.get("n", 1) == 1:
+        assert len(lazy_steps) > 50, "the lazy path did not run"
     monkeypatch.setattr(SimBackend, "fast_forward", False)
     rc, printed, slow = sim_run(tmp_path / "slow", **flags)
     assert rc == 0, printed
     slow_steps, fast_steps = _lines(slow / "steps.jsonl"), _lines(fast / "steps.jsonl")
     assert len(slow_steps) > 100
+    if flags.get("num_kv_blocks") == 64:
+        assert sum(s["preempted"] for s in slow_steps) > 5, "the case meant to preempt did not"
     _same(fast_steps, slow_steps, "steps")
     _same(_lines(fast / "requests.jsonl"), _lines(slow / "requests.jsonl"), "requests")
 

@@ -163,7 +163,14 @@ class Scheduler:
 
         if out.preempted and not self.by_priority:  # short of blocks: admitting would thrash
             return out
+        self.admit(out)
+        return out
 
+    def admit(self, out: SchedulerOutput) -> None:
+        """Admit waiting requests into what is left of the step's token budget (after the
+        running requests took theirs), in service order, while seats and blocks allow."""
+        total = self.config.max_num_batched_tokens
+        assert total is not None
         queue = self._admission_queue()
         while queue and (budget := total - out.num_batched_tokens) > 0:
             req = queue[0]
@@ -175,7 +182,6 @@ class Scheduler:
                 queue.popleft()
             elif result == "no budget" or not self._preempt_for(req, out):
                 break
-        return out
 
     def _spec_tokens(self, req: Request, n: int, budget: int) -> int:
         """Draft tokens a decode verifies this step (0, or what it wanted that the budget

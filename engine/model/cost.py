@@ -55,18 +55,41 @@ def step_cost(
     attention is counted exactly, not as if every query read the whole context.
     sampled_rows: rows through the LM head. head_bytes_per_param defaults to the weights'
     (the engine's fp8 keeps the LM head in the model dtype)."""
+    return step_cost_of_totals(
+        cfg, *chunk_totals(chunks), sampled_rows, weight_bytes_per_param, kv_bytes_per_elem,
+        head_bytes_per_param,
+    )  # fmt: skip
+
+
+def chunk_totals(chunks: Sequence[tuple[int, int]]) -> tuple[int, int, int]:
+    """Tokens computed, (query, key) pairs attended and keys read (s + n) by the chunks."""
+    tokens = sum(n for _, n in chunks)
+    pairs = sum(n * s + n * (n + 1) // 2 for s, n in chunks)
+    return tokens, pairs, sum(s + n for s, n in chunks)
+
+
+def step_cost_of_totals(
+    cfg: ModelConfig,
+    tokens: int,
+    pairs: int,
+    keys: int,
+    sampled_rows: int,
+    weight_bytes_per_param: float,
+    kv_bytes_per_elem: float,
+    head_bytes_per_param: float | None = None,
+) -> StepCost:
+    """`step_cost` from the chunks' sums: tokens computed, (query, key) pairs attended and
+    keys read (each chunk's s + n). The simulation sums hundreds of decodes incrementally."""
     head_bytes = weight_bytes_per_param if head_bytes_per_param is None else head_bytes_per_param
     params = matmul_params(cfg)
     head = cfg.hidden_size * cfg.vocab_size
-    tokens = sum(n for _, n in chunks)
-    pairs = sum(n * s + n * (n + 1) // 2 for s, n in chunks)
     kv_token = kv_bytes_per_token(cfg, kv_bytes_per_elem)
     return StepCost(
         flops=2.0 * params * tokens
         + 2.0 * head * sampled_rows
         + 4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs,
         weight_bytes=params * weight_bytes_per_param + (head * head_bytes if sampled_rows else 0),
-        kv_read_bytes=kv_token * sum(s + n for s, n in chunks),
+        kv_read_bytes=kv_token * keys,
         kv_write_bytes=kv_token * tokens,
     )
 

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._inductor.compile_fx import compile_fx
 
 
 @dataclass
@@ -74,6 +73,8 @@ class DirectCompiled:
         self.direct = True  # False: every call through dynamo (benchmarks/decode_paths.py)
 
     def _compile(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable:
+        from torch._inductor.compile_fx import compile_fx  # ~2 s to import: only to compile
+
         graph = _Graph(compile_fx(gm, example_inputs, config_patches=self.options), [])
         for node in gm.graph.nodes:
             if node.op == "placeholder":

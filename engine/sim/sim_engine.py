@@ -17,6 +17,7 @@ from engine.engine import LLMEngine, cpu_has_native_bf16
 from engine.model.cost import StepShape, matmul_params
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
+from engine.sim.lazy_decodes import LazyDecodes
 from engine.sim.step_time import (
     COST_SETTINGS,
     DTYPE_BYTES,
@@ -90,6 +91,28 @@ class SimEngine(LLMEngine):
         stops = set(self.eos_token_ids)
         token = next(i for i in range(model_config.vocab_size) if i not in stops)
         self.runner = SimRunner(step_model, token)  # type: ignore[assignment]
+        # Decodes advanced without visiting them (lazy_decodes.py): where the group can
+        # describe the batch (continuous fcfs batches); None steps every request.
+        sched = config.scheduler
+        lazy = sched.batching == "continuous" and sched.scheduling_policy == "fcfs"
+        self.lazy = LazyDecodes(self) if lazy else None
+
+    def step(self) -> list[Any]:
+        lazy = self.lazy
+        if lazy is not None:
+            outputs = lazy.step()
+            if outputs is not None:
+                return outputs
+            lazy.dissolve()
+        outputs = super().step()
+        if lazy is not None:
+            lazy.rebuild()
+        return outputs
+
+    def abort_request(self, request_id: str) -> Any:
+        if self.lazy is not None:
+            self.lazy.dissolve()
+        return super().abort_request(request_id)
 
     @property
     def decode_attention(self) -> str:
@@ -123,6 +146,8 @@ class SimEngine(LLMEngine):
         State, block allocations (in the scheduler's order), prefix-cache hashes, counters
         and step log lines end as step() would leave them; returns the steps' end times.
         The speed of a simulated hour: 20x fewer Python operations per decode token."""
+        if self.lazy is not None and self.lazy.members:
+            return []  # the group's steps are already this cheap
         sched, kv, cfg = self.scheduler, self.kv, self.config.scheduler
         running = sched.running
         budget = cfg.max_num_batched_tokens or 0
