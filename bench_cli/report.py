@@ -145,7 +145,10 @@ def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | Non
         counts, edges = np.histogram(times, bins=bins)
         fig.add_trace(go.Bar(x=edges[:-1] + 0.5, y=counts, name="output tok/s"), row=1, col=1)
         grid = np.linspace(0, end, 400)
-        in_flight = [sum((r.send_s or 0) <= t < (r.end_s or 0) for r in ok) for t in grid]
+        sends = np.sort([r.send_s or 0 for r in ok])
+        ends = np.sort([r.end_s or 0 for r in ok])
+        # started by t, less ended by t (a request is in flight over [send, end))
+        in_flight = np.searchsorted(sends, grid, "right") - np.searchsorted(ends, grid, "right")
         fig.add_trace(go.Scatter(x=grid, y=in_flight, name="in flight", mode="lines"), row=2, col=1)
     fig.update_yaxes(title_text="tok/s", row=1, col=1)
     fig.update_yaxes(title_text="requests", row=2, col=1)

@@ -239,7 +239,8 @@ class LLMEngine:
         if not ids:
             raise ValueError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        if any(not isinstance(i, int) or not 0 <= i < vocab for i in ids):
+        # Checked in C (a Python test per id cost ~0.1 ms a prompt, most of a simulated one)
+        if not set(map(type, ids)) <= {int, bool} or min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         self.scheduler.check_fits(len(ids), params.max_tokens)
         if isinstance(priority, bool) or not isinstance(priority, int):

@@ -120,6 +120,7 @@ def summarize(
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     ttft, tpot, e2e, itl, itl_tok, queue, good = [], [], [], [], [], [], 0
+    multi = any(n > 1 for r in ok for n in r.chunk_tokens)  # chunks of several tokens
     for r in ok:
         assert r.send_s is not None and r.first_chunk_s is not None and r.end_s is not None
         t, e = r.first_chunk_s - r.send_s, r.end_s - r.send_s
@@ -131,9 +132,11 @@ def summarize(
         queue.append(r.queue_s)
         if p is not None:
             tpot.append(p)
-        for gap, n in r.gaps():
-            itl.append(gap)
-            itl_tok.extend([gap / n] * n)
+        gaps = r.gaps()
+        itl += [gap for gap, _ in gaps]
+        if multi:
+            for gap, n in gaps:
+                itl_tok.extend([gap / n] * n)
         judge = class_slos.get(r.cls or "", slo)
         good += judge.met(t + r.queue_s, p, e + r.queue_s)  # as a user behind a cap sees it
     lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]
@@ -169,7 +172,7 @@ def summarize(
         "definitions": DEFINITIONS,
     }
     warnings: list[str] = []
-    if any(n > 1 for r in ok for n in r.chunk_tokens):
+    if multi:
         summary["itl_per_token_s"] = distribution(itl_tok)
         warnings.append(
             "some chunks carried more than one token: itl_s is per chunk; itl_per_token_s "

@@ -84,10 +84,10 @@ class RequestRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls(**{k: v for k, v in d.items() if k in _NAMES})
 
 
+_NAMES = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 _FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord) if f.name != "reply")
 
 

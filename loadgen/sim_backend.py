@@ -54,6 +54,7 @@ class SimBackend:
         self._replies: PromptBuilder | None = None  # multi-turn: text to carry the reply
         self._words: tuple[dict[str, int], list[int]] | None = None  # " word" -> its id
         self._checks = 3
+        self._stamps: dict[float, list[float]] = {}  # t0 -> group steps' ends - t0
         if engine.lazy is not None:
             if self.fast_forward:
                 engine.lazy.on_tokens = self._stamp
@@ -224,14 +225,22 @@ class SimBackend:
             rec.chunk_choice += indices * k
         await asyncio.sleep(ends[-1] - self.clock.now)
 
-    def _stamp(self, req: Request, ends: list[float]) -> None:
-        """Tokens a request took as a lazy decode (engine/sim/lazy_decodes.py), one a step,
-        each stamped at its step's end."""
+    def _stamp(self, req: Request, first: int, stop: int) -> None:
+        """Tokens a request took as a lazy decode (engine/sim/lazy_decodes.py), one a group
+        step, each stamped at its step's end. A step's stamp is one float object shared by
+        every record (an hour holds ~50 million stamps: 8 bytes each, not 32)."""
         pending = self._pending.get(req.parent_id)
-        if pending is not None:
-            rec, t0 = pending.rec, pending.t0
-            rec.chunk_s += [t - t0 for t in ends]
-            rec.chunk_tokens += [1] * len(ends)
+        if pending is None:
+            return
+        rec, t0 = pending.rec, pending.t0
+        stamps = self._stamps.get(t0)
+        if stamps is None:
+            stamps = self._stamps[t0] = []
+        if len(stamps) < stop:
+            ends = self.engine.lazy.ends  # type: ignore[union-attr]
+            stamps += [t - t0 for t in ends[len(stamps) : stop]]
+        rec.chunk_s += stamps[first:stop]
+        rec.chunk_tokens += [1] * (stop - first)
 
     def _deliver(self, outputs: list[Any]) -> None:
         """A step's outputs, stamped at its end (now)."""

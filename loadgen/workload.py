@@ -125,7 +125,7 @@ class PromptBuilder:
         return rng.integers(0, len(self.words), n).tolist()
 
     def text(self, picks: list[int]) -> str:
-        return "".join(self.words[k] for k in picks)
+        return "".join(map(self.words.__getitem__, picks))
 
     def prompt(self, n: int, rng: np.random.Generator) -> str:
         return self.text(self.tokens(n, rng))

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import io
 import itertools
 import json
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +96,49 @@ def test_the_simulation_schedules_every_step_as_the_real_engine(
     assert sim_steps == real_steps
     if "num_kv_blocks" in settings:
         assert any(s[6] for s in real_steps), "the case meant to preempt did not"
+
+
+def test_lazy_decodes_abort_and_outputs_as_stepping(tmp_path: Path) -> None:
+    """SimEngine with lazy decodes against one without: the same step log, an abort in the
+    middle of the group, and every request's tokens (lazy ones as on_tokens reports them)."""
+    kwargs = {"max_model_len": 256, "max_num_seqs": 6, "max_num_batched_tokens": 64}
+    runs = []
+    for lazy in (True, False):
+        config = EngineConfig.from_kwargs("tiny-llama", **kwargs)
+        config.dtype = config.cache.kv_cache_dtype = "float32"
+        sim = SimEngine(config, model_shape("tiny-llama"), FixedStep(), VirtualClock())
+        tokens: Counter[str] = Counter()
+        if lazy:
+            assert sim.lazy is not None
+            sim.lazy.on_tokens = functools.partial(_count_lazy, tokens)
+        else:
+            sim.lazy = None
+        sim.log_steps(tmp_path / f"{lazy}.jsonl")
+        finished = {}
+        for rid, ids, out in _requests(3):
+            sim.add_request(rid, ids, SamplingParams(max_tokens=out * 5, ignore_eos=True), 0.0)
+        for step in itertools.count():
+            if step == 12:
+                assert not lazy or sim.lazy.members, "nobody decodes lazily to abort"  # type: ignore[union-attr]
+                victim = sim.scheduler.running[1].request_id
+                out = sim.abort_request(victim)
+                assert out is not None
+                finished[victim] = len(out.outputs[0].token_ids)
+            if not sim.has_unfinished_requests():
+                break
+            for o in sim.step():
+                tokens[o.request_id] += len(o.new_token_ids)
+                if o.finished:
+                    finished[o.request_id] = len(o.outputs[0].token_ids)
+        sim.log_steps(None)
+        runs.append((_lines(tmp_path / f"{lazy}.jsonl"), finished, tokens))
+    (lazy_log, lazy_done, lazy_tokens), (step_log, step_done, step_tokens) = runs
+    assert lazy_log == step_log and lazy_done == step_done and len(lazy_done) == 14
+    assert lazy_tokens == step_tokens == lazy_done
+
+
+def _count_lazy(tokens: Counter[str], req: Any, first: int, stop: int) -> None:
+    tokens[req.request_id] += stop - first
 
 
 def test_virtual_time_jumps_to_each_timer_in_order() -> None:

@@ -12,9 +12,8 @@ engine's, the same for every block)."""
 
 from __future__ import annotations
 
+import array
 import hashlib
-
-import numpy as np
 
 from engine.core.block_pool import BlockHash, BlockPool
 
@@ -27,7 +26,7 @@ def hash_block(parent: BlockHash | None, tokens: list[int]) -> BlockHash:
     """A 128-bit digest: a collision would silently serve another prompt's KV, so no 64-bit
     Python hash (vLLM moved to sha256 for the same reason)."""
     h = hashlib.blake2b(parent or b"", digest_size=16)
-    h.update(np.asarray(tokens, dtype=np.int64).tobytes())
+    h.update(array.array("q", tokens).tobytes())  # int64, native order, as numpy's
     return h.digest()
 
 
@@ -147,6 +146,14 @@ class KVCacheManager:
         self.peak_blocks_shared = max(self.peak_blocks_shared, self.pool.num_shared_refs)
         self.peak_num_requests = max(self.peak_num_requests, len(self.block_tables))
         return True
+
+    def grow(self, request_ids: list[str]) -> None:
+        """One more block for each of these tables, in order: what allocate_slots does for
+        decodes that cross into a new block, in one call (the simulation's many a step).
+        The caller knows the pool has them."""
+        for rid, block in zip(request_ids, self.pool.allocate(len(request_ids)), strict=True):
+            self.block_tables[rid].append(block)
+        self.peak_blocks_used = max(self.peak_blocks_used, self.pool.num_used)
 
     def trim(self, request_id: str, num_tokens: int) -> None:
         """Give back the blocks past the first `num_tokens` tokens (rejected draft tokens'),

@@ -44,7 +44,8 @@ _Events = dict[int, list[_Member]]
 class LazyDecodes:
     """The group. `g` counts the steps it took; a member's true computed tokens are its
     `num_computed_tokens` + (g - base), its token_ids lack as many copies of the runner's
-    token. `on_tokens(request, end_times)` hears of the lazy tokens when a member leaves."""
+    token. `on_tokens(request, first, stop)` hears of the lazy tokens when a member leaves:
+    one at the end of each group step first..stop-1 (`ends`)."""
 
     def __init__(self, engine: SimEngine) -> None:
         self.engine = engine
@@ -55,7 +56,7 @@ class LazyDecodes:
         self.grows: _Events = {}  # step -> members that need a new block in it
         self.fills: _Events = {}  # step -> members whose block fills (prefix caching)
         self.finishes: _Events = {}  # step -> members that take their last token
-        self.on_tokens: Callable[[Request, list[float]], None] | None = None
+        self.on_tokens: Callable[[Request, int, int], None] | None = None
         self._rank = itertools.count()
 
     # ---- membership --------------------------------------------------------------------
@@ -111,7 +112,7 @@ class LazyDecodes:
         del self.members[m.req.request_id]
         self.context -= m.req.num_computed_tokens
         if self.on_tokens is not None and self.g > m.joined:
-            self.on_tokens(m.req, self.ends[m.joined : self.g])
+            self.on_tokens(m.req, m.joined, self.g)
 
     def dissolve(self) -> None:
         """Every member up to date and out of the group (before a real step, an abort)."""
@@ -154,11 +155,12 @@ class LazyDecodes:
         if need > kv.pool.num_free:
             return None
 
-        self.grows.pop(g, None)
-        for m in sorted(growers, key=_by_rank):
-            req = m.req
-            kv.allocate_slots(req.request_id, req.num_computed_tokens + g - m.base + 1)
-            self._at(self.grows, g + kv.block_size, m)
+        if growers:
+            del self.grows[g]
+            growers = sorted(growers, key=_by_rank)
+            kv.grow([m.req.request_id for m in growers])
+            for m in growers:
+                self._at(self.grows, g + kv.block_size, m)
         out = SchedulerOutput()
         for req, n in plan:
             kv.allocate_slots(req.request_id, req.num_computed_tokens + n)
