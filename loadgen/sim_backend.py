@@ -52,7 +52,8 @@ class SimBackend:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._replies: PromptBuilder | None = None  # multi-turn: text to carry the reply
-        self._words: tuple[dict[str, int], list[int]] | None = None  # " word" -> its id
+        # " word" -> its id, PromptBuilder.words' ids in order, what encode puts first
+        self._words: tuple[dict[str, int], list[int], list[int]] | None = None
         self._checks = 3
         self._stamps: dict[float, list[float]] = {}  # t0 -> group steps' ends - t0
         if engine.lazy is not None:
@@ -102,31 +103,35 @@ class SimBackend:
             ids = tok.encode_chat(spec.messages())
         else:
             text = spec.text()
-            ids = self._word_ids(text) or tok.encode(text)
+            ids = self._word_ids(text, spec) or tok.encode(text)
         vocab = self.engine.model_config.vocab_size
         return ids if max(ids, default=0) < vocab else [i % vocab for i in ids]
 
-    def _word_ids(self, text: str) -> list[int] | None:
-        """The ids of a prompt the load generator built from " word" tokens, by lookup (the
-        tokenizer takes ~1 ms a prompt; an hour at 100 req/s has 360,000); None for any
-        other text. Checked against the tokenizer on the first prompts."""
+    def _word_ids(self, text: str, spec: RequestSpec) -> list[int] | None:
+        """The ids of a prompt the load generator built from " word" tokens: from the spec's
+        word indices, or by looking its words up (the tokenizer takes ~1 ms a prompt; an hour
+        at 100 req/s has 360,000); None for any other text. Checked against the tokenizer on
+        the first prompts."""
         if self._words is None:
             builder = PromptBuilder(self.tokenizer)
-            words = {w[1:]: int(i) for w, i in zip(builder.words, builder.word_ids, strict=True)}
-            bos = self.tokenizer.encode("")  # what encode puts first (a BOS, or nothing)
-            self._words = (words, bos)
-        words, bos = self._words
-        pieces = text.split(" ")
-        if pieces[0]:
-            return None
-        try:
-            ids = bos + [words[w] for w in pieces[1:]]
-        except KeyError:
-            return None
+            ids = builder.word_ids.tolist()
+            words = {w[1:]: i for w, i in zip(builder.words, ids, strict=True)}
+            self._words = (words, ids, self.tokenizer.encode(""))
+        words, by_index, bos = self._words
+        if spec.words is not None and not spec.history and by_index:
+            ids = bos + list(map(by_index.__getitem__, spec.words))
+        else:
+            pieces = text.split(" ")
+            if pieces[0]:
+                return None
+            try:
+                ids = bos + [words[w] for w in pieces[1:]]
+            except KeyError:
+                return None
         if self._checks:  # the lookup must give the tokenizer's ids exactly
             self._checks -= 1
             if ids != self.tokenizer.encode(text):
-                self._words = ({}, [])
+                self._words = ({}, [], [])
                 return None
         return ids
 
