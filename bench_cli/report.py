@@ -28,8 +28,8 @@ Figure = go.Figure
 CDF_POINTS, TIMELINE_REQUESTS, STEPS_DRAWN = 4000, 2000, 20000
 
 
-def _cdf(fig: Figure, values: list[float], name: str, row: int, col: int, **line: Any) -> None:
-    if not values:
+def _cdf(fig: Figure, values: Sequence[float], name: str, row: int, col: int, **line: Any) -> None:
+    if len(values) == 0:
         return
     x = np.sort(np.asarray(values) * 1e3)
     y = np.arange(1, len(x) + 1) / len(x)
@@ -39,11 +39,11 @@ def _cdf(fig: Figure, values: list[float], name: str, row: int, col: int, **line
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, **line), row=row, col=col)
 
 
-def _latencies(ok: list[RequestRecord]) -> dict[str, list[float]]:
+def _latencies(ok: list[RequestRecord]) -> dict[str, Sequence[float]]:
     """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests."""
     return {
         "TTFT": [r.first_chunk_s - r.send_s for r in ok],  # type: ignore[operator]
-        "ITL": [gap for r in ok for gap, _ in r.gaps()],
+        "ITL": np.concatenate([r.itl_s() for r in ok]) if ok else [],
         "TPOT": [
             (r.end_s - r.first_chunk_s) / (r.tokens_per_sequence - 1)  # type: ignore[operator]
             for r in ok

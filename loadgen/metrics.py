@@ -119,7 +119,7 @@ def summarize(
     class_slos = class_slos or {}
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
-    ttft, tpot, e2e, itl, itl_tok, queue, good = [], [], [], [], [], [], 0
+    ttft, tpot, e2e, gaps, itl_tok, queue, good = [], [], [], [], [], [], 0
     multi = any(n > 1 for r in ok for n in r.chunk_tokens)  # chunks of several tokens
     for r in ok:
         assert r.send_s is not None and r.first_chunk_s is not None and r.end_s is not None
@@ -132,13 +132,13 @@ def summarize(
         queue.append(r.queue_s)
         if p is not None:
             tpot.append(p)
-        gaps = r.gaps()
-        itl += [gap for gap, _ in gaps]
+        gaps.append(r.itl_s())
         if multi:
-            for gap, n in gaps:
+            for gap, n in r.gaps():
                 itl_tok.extend([gap / n] * n)
         judge = class_slos.get(r.cls or "", slo)
         good += judge.met(t + r.queue_s, p, e + r.queue_s)  # as a user behind a cap sees it
+    itl = np.concatenate(gaps) if gaps else np.empty(0)
     lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
@@ -178,8 +178,8 @@ def summarize(
             "some chunks carried more than one token: itl_s is per chunk; itl_per_token_s "
             "spreads each gap over its tokens"
         )
-    zero = sum(g == 0 for g in itl)
-    if itl and zero / len(itl) > 0.01:
+    zero = int(np.count_nonzero(itl == 0))
+    if len(itl) and zero / len(itl) > 0.01:
         warnings.append(
             f"{zero / len(itl):.0%} of ITL gaps are 0: chunks arrived together in one network "
             "read (the server batched them, or the client fell behind reading)"

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+import numpy as np
+
 
 @dataclass(slots=True)
 class RequestRecord:
@@ -70,6 +72,13 @@ class RequestRecord:
                 out.append((t - last[choice], n))
             last[choice] = t
         return out
+
+    def itl_s(self) -> np.ndarray:
+        """The gaps of `gaps()` alone, as an array: a long run holds tens of millions (8
+        bytes each here, 32 as Python floats)."""
+        if len(self.chunk_choice) != len(self.chunk_s):  # one sequence: successive chunks
+            return np.diff(np.asarray(self.chunk_s, dtype=np.float64))
+        return np.asarray([gap for gap, _ in self.gaps()], dtype=np.float64)
 
     @property
     def tokens_per_sequence(self) -> float:
