@@ -56,11 +56,8 @@ class SimBackend:
         self._words: tuple[dict[str, int], list[int], list[int]] | None = None
         self._checks = 3
         self._stamps: dict[float, list[float]] = {}  # t0 -> group steps' ends - t0
-        if engine.lazy is not None:
-            if self.fast_forward:
-                engine.lazy.on_tokens = self._stamp
-            else:
-                engine.lazy = None
+        if self.fast_forward:
+            engine.lazy_decodes(self._stamp)
 
     def engine_info(self) -> dict[str, Any]:
         engine = self.engine
@@ -200,8 +197,9 @@ class SimBackend:
         each running request gets a token stamped at each step's end."""
         loop = asyncio.get_running_loop()
         next_event = getattr(loop, "next_event", None)
-        if next_event is None:  # not on the virtual-time loop: step by step
-            return
+        lazy = self.engine.lazy
+        if next_event is None or (lazy is not None and lazy.members):
+            return  # not on the virtual-time loop (step by step), or the group steps
         running = list(self.engine.scheduler.running)
         ends = self.engine.decode_stretch(next_event())
         if not ends:

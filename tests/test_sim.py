@@ -109,13 +109,11 @@ def test_lazy_decodes_abort_and_outputs_as_stepping(tmp_path: Path) -> None:
         sim = SimEngine(config, model_shape("tiny-llama"), FixedStep(), VirtualClock())
         tokens: Counter[str] = Counter()
         if lazy:
-            assert sim.lazy is not None
-            sim.lazy.on_tokens = functools.partial(_count_lazy, tokens)
-        else:
-            sim.lazy = None
+            assert sim.lazy_decodes(functools.partial(_count_lazy, tokens))
         sim.log_steps(tmp_path / f"{lazy}.jsonl")
-        finished = {}
-        for rid, ids, out in _requests(3):
+        finished, first_token = {}, {}
+        # The first prompt is one token longer than the budget: its first chunk leaves one.
+        for rid, ids, out in [("first", list(range(3, 68)), 9), *_requests(3)]:
             sim.add_request(rid, ids, SamplingParams(max_tokens=out * 5, ignore_eos=True), 0.0)
         for step in itertools.count():
             if step == 12:
@@ -130,11 +128,14 @@ def test_lazy_decodes_abort_and_outputs_as_stepping(tmp_path: Path) -> None:
                 tokens[o.request_id] += len(o.new_token_ids)
                 if o.finished:
                     finished[o.request_id] = len(o.outputs[0].token_ids)
+                    first_token[o.request_id] = o.metrics.first_token_time
         sim.log_steps(None)
-        runs.append((_lines(tmp_path / f"{lazy}.jsonl"), finished, tokens))
-    (lazy_log, lazy_done, lazy_tokens), (step_log, step_done, step_tokens) = runs
-    assert lazy_log == step_log and lazy_done == step_done and len(lazy_done) == 14
+        log = _lines(tmp_path / f"{lazy}.jsonl")
+        runs.append((log, finished, tokens, first_token, sim.stats()))
+    (lazy_log, lazy_done, lazy_tokens, *lazy_rest), (step_log, step_done, step_tokens, *rest) = runs
+    assert lazy_log == step_log and lazy_done == step_done and len(lazy_done) == 15
     assert lazy_tokens == step_tokens == lazy_done
+    assert lazy_rest == rest  # first-token times, counters
 
 
 def _count_lazy(tokens: Counter[str], req: Any, first: int, stop: int) -> None:

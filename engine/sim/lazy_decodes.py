@@ -72,6 +72,7 @@ class LazyDecodes:
             if (
                 req.status is not RequestStatus.RUNNING
                 or req.num_computed_tokens != req.num_tokens - 1
+                or not req.num_output_tokens  # a prompt one token short: its first is real
                 or token in req.stop_token_ids
                 or req.parent_id != req.request_id  # n > 1: records keep per-choice order
                 or req.num_spec_wanted
@@ -125,7 +126,8 @@ class LazyDecodes:
     # ---- one step ----------------------------------------------------------------------
 
     def step(self) -> list[Any] | None:
-        """What LLMEngine.step would do and return, or None where a real step must."""
+        """What LLMEngine.step would do, and its outputs but the members' (their tokens go
+        to `on_tokens` when they leave); None where a real step must run."""
         engine = self.engine
         sched, kv = engine.scheduler, engine.kv
         d, g = len(self.members), self.g

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,11 +92,19 @@ class SimEngine(LLMEngine):
         stops = set(self.eos_token_ids)
         token = next(i for i in range(model_config.vocab_size) if i not in stops)
         self.runner = SimRunner(step_model, token)  # type: ignore[assignment]
-        # Decodes advanced without visiting them (lazy_decodes.py): where the group can
-        # describe the batch (continuous fcfs batches); None steps every request.
-        sched = config.scheduler
-        lazy = sched.batching == "continuous" and sched.scheduling_policy == "fcfs"
-        self.lazy = LazyDecodes(self) if lazy else None
+        self.lazy: LazyDecodes | None = None  # steps every request (lazy_decodes())
+
+    def lazy_decodes(self, on_tokens: Callable[[Request, int, int], None]) -> bool:
+        """Advance decodes without visiting them (lazy_decodes.py) where the group can describe
+        the batch (continuous fcfs batching). Their tokens come in no step's outputs but by
+        `on_tokens(request, first, stop)`: one at the end of each group step first..stop-1
+        (`self.lazy.ends`). False where the settings do not allow it."""
+        sched = self.config.scheduler
+        if sched.batching != "continuous" or sched.scheduling_policy != "fcfs":
+            return False
+        self.lazy = LazyDecodes(self)
+        self.lazy.on_tokens = on_tokens
+        return True
 
     def step(self) -> list[Any]:
         lazy = self.lazy
@@ -113,6 +122,11 @@ class SimEngine(LLMEngine):
         if self.lazy is not None:
             self.lazy.dissolve()
         return super().abort_request(request_id)
+
+    def fail_running(self, error: str) -> list[Any]:
+        if self.lazy is not None:
+            self.lazy.dissolve()
+        return super().fail_running(error)
 
     @property
     def decode_attention(self) -> str:
