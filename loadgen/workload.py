@@ -31,7 +31,7 @@ class RequestSpec:
     priority: int | None = None  # lower is served first (vLLM's); None: not sent
     # A synthetic prompt as indices into PromptBuilder.words: a simulation takes its token ids
     # from them instead of tokenizing the text (2 KB of 32-bit indices, not 9 KB of ints).
-    words: array | None = None
+    words: array | None = field(default=None, compare=False, hash=False, repr=False)
 
     def messages(self) -> list[dict[str, str]]:
         turns = [*self.history, ("user", self.prompt)]
