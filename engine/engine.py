@@ -17,7 +17,7 @@ import torch
 from engine.config import EngineConfig, ModelConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
-from engine.core.scheduler import Scheduler
+from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.cuda_graphs import DecodeGraphs
 from engine.distributed.workers import TPWorkers, check_tensor_parallel
 from engine.model.cost import StepShape, chunk_totals, step_cost_of_totals
@@ -389,10 +389,7 @@ class LLMEngine:
         if self._step_log is not None:  # before advance(): what each request is doing now
             chunks = [(r.num_computed_tokens, n) for r, n in out.scheduled]
             shape = out.shape()
-        self._counters["prompt_tokens_computed"] += sum(
-            max(0, min(r.num_prompt_tokens, r.num_computed_tokens + n) - r.num_computed_tokens)
-            for r, n in out.scheduled
-        )
+        self._count_prompt_computed(out)
         sampled = self.runner.execute(out, self.kv.block_tables)
         logit_rows = sum(len(r.spec_token_ids) + 1 for r, _ in sampled)
         rejected = spec.count(sampled) if spec is not None and out.num_spec else None
@@ -434,6 +431,13 @@ class LLMEngine:
             )
         self._step_outputs = []
         return outputs
+
+    def _count_prompt_computed(self, out: SchedulerOutput) -> None:
+        """Prompt tokens the step's chunks compute (call before `Scheduler.advance`)."""
+        self._counters["prompt_tokens_computed"] += sum(
+            max(0, min(r.num_prompt_tokens, r.num_computed_tokens + n) - r.num_computed_tokens)
+            for r, n in out.scheduled
+        )
 
     def _emit(self, req: Request, tokens: list[int], now: float) -> RequestOutput:
         """A request's sampled tokens (several with speculative decoding), up to a stop:

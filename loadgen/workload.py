@@ -30,7 +30,7 @@ class RequestSpec:
     n: int = 1  # completions asked for this prompt (parallel sampling)
     priority: int | None = None  # lower is served first (vLLM's); None: not sent
     # A synthetic prompt as indices into PromptBuilder.words: a simulation takes its token ids
-    # from them instead of tokenizing the text (2 KB of 32-bit indices, not 9 KB of ints).
+    # from them instead of tokenizing the text (32-bit: 1 KB a 256-token prompt).
     words: array | None = field(default=None, compare=False, hash=False, repr=False)
 
     def messages(self) -> list[dict[str, str]]:

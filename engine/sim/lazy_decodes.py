@@ -185,10 +185,7 @@ class LazyDecodes:
             o.sampled_rows + d,
         )
         chunks = [(r.num_computed_tokens, n) for r, n in out.scheduled]
-        engine._counters["prompt_tokens_computed"] += sum(
-            max(0, min(r.num_prompt_tokens, r.num_computed_tokens + n) - r.num_computed_tokens)
-            for r, n in out.scheduled
-        )
+        engine._count_prompt_computed(out)  # members are past their prompts
         runner = engine.runner
         dur = runner.last_step_s = runner.step_model.step_time(shape)  # type: ignore[attr-defined]
 
