@@ -123,7 +123,7 @@ def roofline_efficiency(
     simulating other models there."""
     from dataclasses import asdict
 
-    from bench_cli.device_peak import device_peak
+    from bench_cli.device_peak import local_sim_peak
     from engine.config import EngineConfig
     from engine.sim.efficiency_fit import fit_efficiency
     from engine.sim.hardware import builtin_device, gpu_device_name, local_device
@@ -135,7 +135,7 @@ def roofline_efficiency(
         device = builtin_device(gpu_device_name(gpu))
     else:
         with console.status("measuring this machine's peaks (once a machine) ..."):
-            device = local_device(device_peak("cpu"), LOCAL_MEMORY)
+            device = local_device(local_sim_peak(engine.get("dtype")), LOCAL_MEMORY)
     keys = {k: engine.get(k) for k in ("dtype", "quantization", "tensor_parallel_size")}
     config = EngineConfig.from_kwargs(model, **{k: v for k, v in keys.items() if v is not None})
     config.cache.kv_cache_dtype = engine.get("cache", {}).get("kv_cache_dtype") or config.dtype

@@ -85,6 +85,16 @@ def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
     )
 
 
+def local_sim_peak(dtype: str | None = "auto") -> dict[str, Any]:
+    """This machine's peaks in the dtype a simulated local engine computes in: "auto" as the
+    engine resolves it (bfloat16 where the CPU has it natively, else float32)."""
+    if dtype in (None, "auto"):
+        from engine.engine import cpu_has_native_bf16
+
+        dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
+    return device_peak("cpu", torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+
+
 def device_peak(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """measure_peak's figures for this machine, device and dtype, from the cache when it has
     them ("cached": true, with "measured_at"), else measured now and stored."""

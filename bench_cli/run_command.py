@@ -107,7 +107,7 @@ def run_one(
         elif cfg.engine_kind == "sim":
             target = Target.simulated(f"simulated {cfg.model} on {cfg.sim_device or 'local'}")
             if (cfg.sim_device or "local") == "local":
-                local_peak = _device_peak({"device": "cpu", "dtype": "float32"}, console)
+                local_peak = _local_sim_peak(cfg.engine.get("dtype"), console)
         elif cfg.naive_batch is not None:  # the baseline: no server, no engine
             target = Target.naive(cfg.naive_batch)
         elif cfg.in_process:
@@ -135,6 +135,11 @@ def run_one(
                 )
         if cfg.engine_kind == "sim":  # the simulated device's peaks (spec sheet or measured)
             config["device_peak"] = backend.device_peak()  # type: ignore[attr-defined]
+            if cfg.sim_acceptance is not None and not config["engine"]["speculative_config"]:
+                console.print(
+                    "[yellow]note:[/] --sim-acceptance unused: this run does not speculate",
+                    highlight=False,
+                )
         elif config.get("engine"):  # engine steps to divide by it: see bench_cli/device_peak.py
             config["device_peak"] = _device_peak(config["engine"], console)
         write_json(out_dir / "config.json", config | environment())
@@ -236,6 +241,18 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
         return asyncio.create_task(Dashboard(runner, telemetry, title, rate, console).run())
 
     return start
+
+
+def _local_sim_peak(dtype: str | None, console: Console) -> dict[str, Any] | None:
+    """This machine's peaks for a simulation of it, in the dtype the engine would use."""
+    from bench_cli.device_peak import local_sim_peak
+
+    with console.status("measuring this machine's peak FLOP/s and bandwidth (once a machine) ..."):
+        try:
+            return local_sim_peak(dtype)
+        except (RuntimeError, ValueError) as e:
+            console.print(f"[yellow]note:[/] device peak not measured: {escape(str(e))}")
+            return None
 
 
 def _device_peak(engine: dict[str, Any], console: Console) -> dict[str, Any] | None:

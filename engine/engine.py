@@ -26,6 +26,7 @@ from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
 from engine.model_store import kv_scales as load_kv_scales
 from engine.ops.cpu_linear import PackedLinear
 from engine.ops.fp8 import FP8, Fp8Linear
+from engine.spec_decode import make_proposer
 from engine.spec_decode.speculator import Speculator, speculation_stats
 
 logger = logging.getLogger(__name__)
@@ -123,9 +124,9 @@ class LLMEngine:
             )
         self.speculator: Speculator | None = None
         if config.speculative_config is not None:
-            self.speculator = Speculator(
-                config.speculative_config, self.runner, self.kv.block_tables, self.max_model_len
-            )
+            spec = config.speculative_config
+            proposer = make_proposer(spec, self.runner, self.kv.block_tables)
+            self.speculator = Speculator(spec, proposer, self.max_model_len)
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
 

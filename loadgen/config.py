@@ -53,6 +53,9 @@ class RunConfig:
     sim_device: str | None = None  # None: local
     sim_cost_model: str | None = None  # None: calibrated where a profile is found, else roofline
     sim_profile: str | None = None  # a `bench calibrate` profile; None: the default path
+    # speculative decoding's acceptance: a rate per draft token (0.7) or rates per draft
+    # position ("0.8,0.6,0.45", as vLLM reports them); engine/sim/speculation.py
+    sim_acceptance: float | str | list[float] | None = None
     # arrivals
     arrival: str = "poisson"
     rate: float | None = None
@@ -231,6 +234,7 @@ class RunConfig:
     def _validate_sim(self) -> None:
         sim_keys = {"--sim-device": self.sim_device, "--sim-cost-model": self.sim_cost_model}
         sim_keys["--sim-profile"] = self.sim_profile
+        sim_keys["--sim-acceptance"] = self.sim_acceptance
         if self.engine_kind not in ("bundled", "sim"):
             raise ValueError(f"--engine {self.engine_kind!r}: expected bundled or sim")
         if self.engine_kind == "bundled":
@@ -248,6 +252,10 @@ class RunConfig:
             raise ValueError(
                 f"--sim-cost-model {self.sim_cost_model!r}: expected calibrated or roofline"
             )
+        if self.sim_acceptance is not None:
+            from engine.sim.speculation import Acceptance
+
+            Acceptance.parse(self.sim_acceptance)
 
     def _validate_naive(self) -> None:
         """The naive baseline serves the bundled model itself, one completion a prompt; of

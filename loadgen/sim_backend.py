@@ -66,7 +66,8 @@ class SimBackend:
             "model_forward": "simulated",
             "linears": "simulated",
             "simulated": True,
-            "sim": engine.runner.step_model.describe(),  # type: ignore[attr-defined]
+            "sim": engine.runner.step_model.describe()  # type: ignore[attr-defined]
+            | ({"acceptance": a.describe()} if (a := engine.acceptance) else {}),
             "weight_bytes": engine.weight_bytes,
         }
 

@@ -17,6 +17,7 @@ from engine.sim.sim_engine import (
     size_gpu_kv_cache,
     step_model_for,
 )
+from engine.sim.speculation import Acceptance
 from engine.sim.step_time import Calibrated, default_profile_path
 from loadgen.config import RunConfig
 from loadgen.sim_backend import SimBackend
@@ -46,7 +47,8 @@ def sim_backend(cfg: RunConfig, tokenizer: Any, local_peak: dict[str, Any] | Non
     kind = cfg.sim_cost_model or ("calibrated" if profile is not None else "roofline")
     step_model = step_model_for(kind, model, config, device, profile)
     clock = VirtualClock()
-    engine = SimEngine(config, model, step_model, clock)
+    acceptance = None if cfg.sim_acceptance is None else Acceptance.parse(cfg.sim_acceptance)
+    engine = SimEngine(config, model, step_model, clock, acceptance)
     return SimBackend(engine, clock, tokenizer, device, cfg.endpoint)
 
 

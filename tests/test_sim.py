@@ -237,7 +237,9 @@ def test_closed_loop_and_conversations_run_in_virtual_time(tmp_path: Path) -> No
         ({"base_url": "http://127.0.0.1:9"}, "not with --base-url"),
         ({"sim_device": "tpu"}, "sim device 'tpu'"),
         ({"sim_cost_model": "magic"}, "--sim-cost-model 'magic'"),
-        ({"speculative_config": '{"method": "ngram"}'}, "not simulated yet"),
+        ({"speculative_config": '{"method": "ngram"}'}, "give --sim-acceptance"),
+        ({"speculative_config": '{"method": "ngram"}', "sim_acceptance": "0.9,0.5"}, "give 4"),
+        ({"sim_acceptance": "0.5,0.7"}, "cannot rise"),
         ({"model": "meta-llama/Llama-3.1-70B", "sim_device": "a100"}, "do not fit on 1 x a100"),
     ],
 )
@@ -449,21 +451,21 @@ def test_fast_paths_give_what_every_step_in_turn_gives(
     "name", sorted(p.stem for p in PROFILE_DIR.glob("*.toml") if p.stem != "calibrate")
 )
 def test_every_profile_runs_simulated(tmp_path: Path, name: str) -> None:
-    """Each shipped profile (a sweep's first point), a few requests, on a simulated H100;
-    speculative decoding is refused (not simulated yet) with its reason."""
+    """Each shipped profile (a sweep's last point), a few requests, on a simulated H100
+    (speculative decoding with an acceptance rate given)."""
     from bench_cli.sweep_grid import grid, load_sweep
 
     flags: dict[str, Any] = {"engine_kind": "sim", "sim_device": "h100", "warmup": 0}
-    flags |= {"num_requests": 4, "out": str(tmp_path / "run")}
+    flags |= {"num_requests": 4, "out": str(tmp_path / "run"), "sim_acceptance": 0.6}
     profile = load_profile(name)
     if "sweep" in profile:
         profile, axes = load_sweep(name)
-        flags = grid(axes)[0].settings | flags
+        flags = grid(axes)[-1].settings | flags
     buf = io.StringIO()
     rc = execute(name, flags, dashboard=False, console=Console(file=buf, width=150))
-    if "speculative_config" in profile | flags:
-        assert rc == 2 and "not simulated yet" in buf.getvalue()
-        return
     assert rc == 0, buf.getvalue()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["completed"] >= 4 and summary["config"]["target"]["kind"] == "simulated"
+    speculates = "speculative_config" in profile | flags
+    assert bool(summary["telemetry"].get("spec_drafts")) == speculates
+    assert ("--sim-acceptance unused" in buf.getvalue()) != speculates

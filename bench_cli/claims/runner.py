@@ -109,10 +109,10 @@ class SimFlags:
         device = (self.device or "local").lower()
         peak = None
         if device != "local" or model or self.tensor_parallel_size > 1:
-            from bench_cli.device_peak import device_peak
+            from bench_cli.device_peak import local_sim_peak
 
             with console.status("measuring this machine's peaks (once a machine) ..."):
-                peak = device_peak("cpu")
+                peak = local_sim_peak()
         return simulation(
             quick, model, device, self.cost_model, self.profile, self.tensor_parallel_size, peak
         )

@@ -19,6 +19,7 @@ from engine.model.cost import StepShape, matmul_params
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.lazy_decodes import LazyDecodes
+from engine.sim.speculation import Acceptance, SimProposer
 from engine.sim.step_time import (
     COST_SETTINGS,
     DTYPE_BYTES,
@@ -26,6 +27,7 @@ from engine.sim.step_time import (
     Roofline,
     StepTimeModel,
 )
+from engine.spec_decode.speculator import Speculator
 
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of a GPU's memory for weights + KV
 ACTIVATION_RESERVE = 2 * 2**30  # per GPU: activations, CUDA graphs, the allocator's slack
@@ -44,7 +46,8 @@ class Progress:
 
 class SimRunner:
     """Stands in for ModelRunner: every request that catches up samples one token (the
-    same, never a stop token); the step's modelled duration is kept for the engine."""
+    same, never a stop token), plus the drafts the proposer says are accepted; the step's
+    modelled duration (drafting included) is kept for the engine."""
 
     tp = None
     triton = fused_decode = compiled_forward = False
@@ -53,13 +56,25 @@ class SimRunner:
         self.step_model = step_model
         self.token_id = token_id
         self.last_step_s = 0.0
+        self.proposer: SimProposer | None = None  # speculative decoding
 
     def execute(
         self, out: SchedulerOutput, block_tables: dict[str, list[int]]
     ) -> list[tuple[Request, list[int]]]:
         self.last_step_s = self.step_model.step_time(out.shape())
-        token = self.token_id
-        return [(r, [token]) for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens]
+        token, proposer = self.token_id, self.proposer
+        if proposer is None:
+            return [
+                (r, [token]) for r, n in out.scheduled if r.num_computed_tokens + n == r.num_tokens
+            ]
+        self.last_step_s += proposer.last_draft_s
+        proposer.last_draft_s = 0.0
+        sampled = []
+        for r, n in out.scheduled:
+            drafts = len(r.spec_token_ids)  # a verified decode's: its token and each draft's
+            if r.num_computed_tokens + n - drafts == r.num_tokens:
+                sampled.append((r, [token] * (1 + proposer.accepted(drafts))))
+        return sampled
 
 
 class SimEngine(LLMEngine):
@@ -73,9 +88,16 @@ class SimEngine(LLMEngine):
         model_config: ModelConfig,
         step_model: StepTimeModel,
         clock: VirtualClock,
+        acceptance: Acceptance | None = None,
     ) -> None:
-        if config.speculative_config is not None:
-            raise ValueError("speculative decoding is not simulated yet: drop it for --engine sim")
+        """acceptance: of draft tokens, with speculative decoding (engine/sim/speculation.py)."""
+        spec = config.speculative_config
+        if spec is not None and acceptance is None:
+            raise ValueError(
+                "the simulated engine cannot tell which drafts the model would accept: give "
+                "--sim-acceptance (a rate per token, 0.7, or vLLM's rates per draft position, "
+                "0.8,0.6,0.45)"
+            )
         if "auto" in (config.dtype, config.cache.kv_cache_dtype):
             raise ValueError("resolve the dtypes for the simulated device (resolve_sim_config)")
         self.config = config
@@ -92,6 +114,16 @@ class SimEngine(LLMEngine):
         stops = set(self.eos_token_ids)
         token = next(i for i in range(model_config.vocab_size) if i not in stops)
         self.runner = SimRunner(step_model, token)  # type: ignore[assignment]
+        self.acceptance = acceptance if spec is not None else None  # what config.json says
+        if spec is not None:
+            assert acceptance is not None
+            share = (spec.num_draft_layers or 0) / model_config.num_layers
+            draft_time = step_model.step_time if spec.method == "draft_layers" else None
+            proposer = SimProposer(
+                acceptance, spec.num_speculative_tokens, config.seed, token, draft_time, share
+            )
+            self.runner.proposer = proposer
+            self.speculator = Speculator(spec, proposer, self.max_model_len)
         self.lazy: LazyDecodes | None = None  # steps every request (lazy_decodes())
 
     def lazy_decodes(self, on_tokens: Callable[[Request, int, int], None]) -> bool:
@@ -101,6 +133,8 @@ class SimEngine(LLMEngine):
         (`self.lazy.ends`). False where the settings do not allow it."""
         sched = self.config.scheduler
         if sched.batching != "continuous" or sched.scheduling_policy != "fcfs":
+            return False
+        if self.speculator is not None:  # a group decodes one token a step
             return False
         self.lazy = LazyDecodes(self)
         self.lazy.on_tokens = on_tokens
@@ -162,6 +196,8 @@ class SimEngine(LLMEngine):
         The speed of a simulated hour: 20x fewer Python operations per decode token."""
         if self.lazy is not None and self.lazy.members:
             return []  # the group's steps are already this cheap
+        if self.speculator is not None:
+            return []  # steps of several tokens, as many as the verifier accepts
         sched, kv, cfg = self.scheduler, self.kv, self.config.scheduler
         running = sched.running
         budget = cfg.max_num_batched_tokens or 0

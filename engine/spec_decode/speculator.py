@@ -9,21 +9,16 @@ from typing import Any
 from engine.config import SpeculativeConfig
 from engine.core.request import Request
 from engine.core.scheduler import SchedulerOutput
-from engine.runner import ModelRunner
-from engine.spec_decode import make_proposer
+from engine.spec_decode import Proposer
 
 
 class Speculator:
-    def __init__(
-        self,
-        config: SpeculativeConfig,
-        runner: ModelRunner,
-        block_tables: dict[str, list[int]],
-        max_model_len: int,
-    ) -> None:
+    """`proposer`: the config's (make_proposer), or the simulated engine's (engine/sim)."""
+
+    def __init__(self, config: SpeculativeConfig, proposer: Proposer, max_model_len: int) -> None:
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
-        self.proposer = make_proposer(config, runner, block_tables)
+        self.proposer = proposer
         # Drafts verified (one per request and step that had any), draft tokens, accepted
         # ones, and accepted ones by draft position (vLLM's spec_decode counters).
         self.drafts = self.draft_tokens = self.accepted_tokens = 0

@@ -1,0 +1,119 @@
+"""Speculative decoding on the simulated engine (engine/sim/speculation.py): acceptance drawn
+at the rates given, the engine's own speculator and scheduler around it, draft-model time
+from the step-time model, and the flag's checks."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_sim import FixedStep, sim_run
+
+from engine.config import EngineConfig
+from engine.core.request import SamplingParams
+from engine.sim.clock import VirtualClock
+from engine.sim.models import model_shape
+from engine.sim.sim_engine import SimEngine
+from engine.sim.speculation import Acceptance
+
+
+def _sim(spec: dict[str, Any] | None, acceptance: Acceptance | None, **kwargs: Any) -> SimEngine:
+    config = EngineConfig.from_kwargs(
+        "tiny-llama", max_model_len=1024, speculative_config=spec, **kwargs
+    )
+    config.dtype = config.cache.kv_cache_dtype = "float32"
+    return SimEngine(config, model_shape("tiny-llama"), FixedStep(), VirtualClock(), acceptance)
+
+
+def _drain(sim: SimEngine, requests: int, max_tokens: int) -> tuple[int, dict[str, int]]:
+    for i in range(requests):
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        sim.add_request(f"r{i}", list(range(3, 40 + i)), params, 0.0)
+    steps, tokens = 0, {}
+    while sim.has_unfinished_requests():
+        for o in sim.step():
+            if o.finished:
+                tokens[o.request_id] = len(o.outputs[0].token_ids)
+        steps += 1
+    return steps, tokens
+
+
+def test_drafts_are_accepted_at_the_rates_given_and_outputs_keep_their_length() -> None:
+    rates = [0.9, 0.6, 0.3, 0.1]
+    ngram = {"method": "ngram", "num_speculative_tokens": 4}
+    sim = _sim(ngram, Acceptance.parse(rates), max_num_seqs=8)
+    steps, tokens = _drain(sim, 24, 400)
+    assert tokens == {f"r{i}": 400 for i in range(24)}
+    stats = sim.spec_stats()
+    drafts = stats["spec_decode_num_drafts"]
+    assert drafts > 2000
+    measured = [n / drafts for n in stats["spec_decode_num_accepted_tokens_per_pos"]]
+    assert measured == pytest.approx(rates, abs=0.03)
+    assert stats["spec_decode_mean_acceptance_length"] == pytest.approx(1 + sum(rates), abs=0.06)
+    plain_steps, plain_tokens = _drain(_sim(None, None, max_num_seqs=8), 24, 400)
+    assert plain_tokens == tokens
+    assert steps < plain_steps / 2  # ~2.9 tokens a step instead of one
+    again = _sim(ngram, Acceptance.parse(rates), max_num_seqs=8)  # the same seed: the same run
+    assert _drain(again, 24, 400) == (steps, tokens) and again.spec_stats() == stats
+
+
+def test_acceptance_forms_and_their_checks() -> None:
+    assert Acceptance.parse(0.5).rates(3) == [0.5, 0.25, 0.125]
+    assert Acceptance.parse("0.5").rates(2) == [0.5, 0.25]
+    assert Acceptance.parse("0.9,0.5,0.2").rates(2) == [0.9, 0.5]
+    assert Acceptance.parse([1.0]).rates(1) == [1.0]
+    for bad, message in (
+        ("0.5,0.7", "cannot rise"),
+        ("1.5", r"in \[0, 1\]"),
+        ("high", "comma-separated"),
+        (True, "a rate or a list"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            Acceptance.parse(bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="give 4"):
+        Acceptance.parse("0.9,0.5").rates(4)
+
+
+def _records(out: Path) -> list[dict[str, Any]]:
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if not r["warmup"]]
+
+
+@pytest.mark.parametrize("accept", [0.0, 1.0])
+def test_known_draft_and_verify_times_come_out_exactly(
+    tmp_path: Path, monkeypatch, accept: float
+) -> None:
+    """Steps of 10 ms, a draft of 1 of the model's layers per draft position: a decode step
+    drafting k tokens takes 10 ms * (1 + k / layers), and yields 1 token (nothing accepted)
+    or k + 1 (everything)."""
+    import loadgen.sim_setup as setup
+
+    monkeypatch.setattr(setup, "step_model_for", lambda *a, **k: FixedStep(0.01))
+    layers = model_shape("tiny-llama").num_layers
+    spec = {"method": "draft_layers", "num_speculative_tokens": 2, "num_draft_layers": 1}
+    rc, printed, out = sim_run(
+        tmp_path,
+        rate=0.2,
+        num_requests=6,
+        output_len="13",
+        speculative_config=json.dumps(spec),
+        sim_acceptance=accept,
+    )
+    assert rc == 0, printed
+    step2 = 0.01 * (1 + 2 / layers)  # a decode step with two draft positions
+    for r in _records(out):
+        assert r["output_tokens"] == 13
+        assert r["first_chunk_s"] - r["send_s"] == pytest.approx(0.01, rel=1e-9)
+        gaps = [b - a for a, b in itertools.pairwise(r["chunk_s"])]
+        # None kept: 10 steps drafting 2, then 1 (one token left after it), then none;
+        # all kept: 1 + 3 + 3 + 3 + 3 tokens.
+        expected = [step2] * 10 + [0.01 * (1 + 1 / layers), 0.01] if not accept else [step2] * 4
+        assert gaps == pytest.approx(expected, rel=1e-9), r
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["telemetry"]["spec_acceptance_rate"] == accept
+    assert json.loads((out / "config.json").read_text())["engine"]["sim"]["acceptance"] == {
+        "per_token": accept
+    }
