@@ -145,7 +145,7 @@ def _spec_rows(telemetry: dict[str, Any]) -> list[tuple[str, str]]:
     if not telemetry.get("spec_drafts"):
         return []
     rate = telemetry.get("spec_acceptance_rate")
-    return [
+    rows = [
         ("Spec decode acceptance rate (%)", "-" if rate is None else f"{rate * 100:.1f}"),
         ("Spec decode acceptance length", f"{telemetry['spec_mean_acceptance_length']:.2f}"),
         (
@@ -157,6 +157,9 @@ def _spec_rows(telemetry: dict[str, Any]) -> list[tuple[str, str]]:
             ),
         ),
     ]
+    if per_pos := telemetry.get("spec_acceptance_per_pos"):
+        rows.append(("  accepted by draft position", ",".join(f"{r:.3f}" for r in per_pos)))
+    return rows
 
 
 def sim_title(engine: dict[str, Any], model: str | None) -> str:

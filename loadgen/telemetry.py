@@ -6,9 +6,11 @@ server process's CPU% and RSS; and the engine's queue and KV-cache gauges from /
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,12 @@ ENGINE_GAUGES = {
     "rss_bytes": ("process_resident_memory_bytes",),  # any Prometheus client exports it
 }
 
+# Accepted drafts by draft position (labelled position="i"): spec_accepted_pos<i>
+PER_POSITION = (
+    "servebench:spec_decode_num_accepted_tokens_per_pos_total",
+    "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+)
+
 # Engine gauges whose mean over the run matters, not only the peak: the batch the engine
 # actually kept (an fp8 KV cache should hold about twice as many at the same budget).
 TIME_AVERAGED = ("engine_running", "engine_kv_blocks_used")
@@ -55,6 +63,8 @@ def parse_gauges(text: str) -> dict[str, float]:
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
         key = wanted.get(name)
+        if name in PER_POSITION and (pos := re.search(r'position="(\d+)"', line)):
+            key = f"spec_accepted_pos{pos[1]}"
         if key is not None:
             try:
                 out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
@@ -63,28 +73,37 @@ def parse_gauges(text: str) -> dict[str, float]:
     return out
 
 
-def spec_summary(drafts: float, draft_tokens: float, accepted: float) -> dict[str, Any]:
+def spec_summary(
+    drafts: float, draft_tokens: float, accepted: float, per_pos: Sequence[float] = ()
+) -> dict[str, Any]:
     """A run's speculative decoding from its counters' growth (nothing if it drafted
     nothing): acceptance rate = accepted / draft tokens, mean acceptance length = tokens per
-    verified draft, 1 + accepted / drafts (vLLM's definitions)."""
+    verified draft, 1 + accepted / drafts (vLLM's definitions), and the share of drafts whose
+    position i was accepted (what --sim-acceptance takes)."""
     if not drafts:
         return {}
-    return {
+    out = {
         "spec_drafts": drafts,
         "spec_draft_tokens": draft_tokens,
         "spec_accepted_tokens": accepted,
         "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "spec_mean_acceptance_length": 1 + accepted / drafts,
     }
+    if per_pos:
+        out["spec_acceptance_per_pos"] = [n / drafts for n in per_pos]
+    return out
 
 
 def spec_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     """The same from an in-process engine's `stats()` before and after a run."""
+    key = "spec_decode_num_accepted_tokens_per_pos"
+    per_pos = [a - b for a, b in zip(after[key], before[key], strict=True)]
     return spec_summary(
         *(
             after[f"spec_decode_num_{k}"] - before[f"spec_decode_num_{k}"]
             for k in ("drafts", "draft_tokens", "accepted_tokens")
-        )
+        ),
+        per_pos,
     )
 
 
@@ -228,7 +247,13 @@ class Telemetry:
             out["prefix_cache_hit_rate"] = (h[-1] - h[0]) / asked if asked else None
         spec = ("engine_spec_drafts", "engine_spec_draft_tokens", "engine_spec_accepted_tokens")
         if set(spec) <= names:
-            out |= spec_summary(*(col(c)[-1] - col(c)[0] for c in spec))  # over the run
+            positions = sorted(
+                (int(n.removeprefix("engine_spec_accepted_pos")), n)
+                for n in names
+                if n.startswith("engine_spec_accepted_pos")
+            )
+            per_pos = [col(n)[-1] - col(n)[0] for _, n in positions]
+            out |= spec_summary(*(col(c)[-1] - col(c)[0] for c in spec), per_pos)  # over the run
         return out
 
     def write_csv(self, path: Path, t0: float) -> None:

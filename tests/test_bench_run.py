@@ -325,6 +325,10 @@ def test_speculative_decoding_shows_its_acceptance_in_the_summary(
     t = summary["telemetry"]
     assert t["spec_drafts"] > 0 and 0 < t["spec_accepted_tokens"] <= t["spec_draft_tokens"]
     assert t["spec_acceptance_rate"] == t["spec_accepted_tokens"] / t["spec_draft_tokens"]
+    per_pos = t["spec_acceptance_per_pos"]  # what --sim-acceptance takes
+    assert len(per_pos) == 3 and per_pos == sorted(per_pos, reverse=True)
+    assert sum(per_pos) * t["spec_drafts"] == pytest.approx(t["spec_accepted_tokens"])
+    assert "accepted by draft position" in printed
     assert summary["total_output_tokens"] == 12 * 24  # speculation changes no count
     assert "Spec decode acceptance rate" in printed
     assert summary["config"]["engine"]["speculative_config"]["num_speculative_tokens"] == 3
