@@ -529,9 +529,12 @@ def describe_run(summary: dict[str, Any], name: str) -> str:
     return " · ".join(str(p) for p in parts if p)
 
 
-def run_report(run: Path, embed: bool = True) -> Path:
+def run_report(run: Path, embed: bool = True, records: list[RequestRecord] | None = None) -> Path:
+    """records: the run's measured ones, where the caller holds them (an hour of simulated
+    traffic is ~10 s of reading back); else requests.jsonl's."""
     summary = json.loads((run / "summary.json").read_text())
-    records = read_records(run / "requests.jsonl")
+    if records is None:
+        records = read_records(run / "requests.jsonl")
     timeline = pd.read_csv(run / "timeline.csv") if (run / "timeline.csv").is_file() else None
     figs = [latency_figure(records), timeline_figure(records), throughput_figure(records, timeline)]
     steps_file = run / "steps.jsonl"

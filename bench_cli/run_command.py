@@ -160,7 +160,7 @@ def run_one(
     if report:
         from bench_cli.report import run_report
 
-        run_report(out_dir)
+        run_report(out_dir, records=outcome.records)
     return summary
 
 

@@ -1,7 +1,8 @@
 """How close the simulated engine comes to the real one on this machine: calibrate on one
-run (`bench calibrate`), then run other loads (rates, batching, chunk size, prefix caching)
-on the real engine and on the simulation with the same seeds, and print the error of each
-metric. Real runs take minutes each: run it alone on a quiet machine.
+run (`bench calibrate`), then run other loads (rates, batching, chunk size, prefix caching,
+speculative decoding with the acceptance the real run measured) on the real engine and on the
+simulation with the same seeds, and print the error of each metric. Real runs take minutes
+each: run it alone on a quiet machine.
 
     python benchmarks/sim_accuracy.py [--profile PATH] [--num-requests 60] [--only NAME,...]
 """
@@ -35,6 +36,14 @@ SCENARIOS: dict[str, list[str]] = {
     "shared prefix, cache off, 0.4/s": [
         "--rate", "0.4", "--shared-prefix-len", "256", "--num-prefix-groups", "2",
         "--no-enable-prefix-caching",
+    ],
+    # The simulation is given the acceptance by draft position the real run measured.
+    "n-gram k=4, 0.3/s": [
+        "--rate", "0.3", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}',
+    ],
+    "draft 24 layers k=2, 0.3/s": [
+        "--rate", "0.3", "--speculative-config",
+        '{"method": "draft_layers", "num_speculative_tokens": 2, "num_draft_layers": 24}',
     ],
 }  # fmt: skip
 # Prompts of 32-256 tokens, loads below saturation on 2 cores (SmolLM2, float32). The table
@@ -122,7 +131,10 @@ def main() -> None:
             for other in others:
                 cmd += ["--from-run", other]
             subprocess.run([*cmd, "--out", profile], check=True, capture_output=True)
-        sim = bench([*base, *COMMON, *flags, "--engine", "sim", "--sim-profile", profile], sim_dir)
+        sim_flags = [*base, *COMMON, *flags, "--engine", "sim", "--sim-profile", profile]
+        if rates := real["telemetry"].get("spec_acceptance_per_pos"):
+            sim_flags += ["--sim-acceptance", ",".join(f"{r:.4f}" for r in rates)]
+        sim = bench(sim_flags, sim_dir)
         errors = {}
         for label, key, stat in METRICS:
             r, s = value(real, key, stat), value(sim, key, stat)
