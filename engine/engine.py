@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -41,7 +42,11 @@ def resolve_device(device: str) -> torch.device:
 
 
 def cpu_has_native_bf16() -> bool:
-    """x86 AVX512-BF16 or AMX, or ARM BF16: the CPUs where oneDNN runs bf16 matmuls natively."""
+    """x86 AVX512-BF16 or AMX, or ARM BF16: the CPUs where oneDNN runs bf16 matmuls natively.
+    SERVEBENCH_CPU_BF16=0 says no (dtype auto is then float32, as on AVX2 machines: the test
+    suite sets it, so which dtype its exactness tests check does not depend on the CPU)."""
+    if os.environ.get("SERVEBENCH_CPU_BF16") == "0":
+        return False
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:

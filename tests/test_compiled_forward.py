@@ -134,10 +134,10 @@ def test_a_compiled_layer_equals_the_eager_layer(dtype: torch.dtype, batch: int)
                 [layer], x, cos_sin, [got_k], [got_v], slots, tables, mask, None
             )
     assert compiled_forward._compiled("decode").direct_calls(layer)
-    if dtype == torch.float32:
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(got_v, want_v, rtol=1e-5, atol=1e-5)
+    if dtype == torch.float32:  # sums in another order (AVX-512 lanes: 2e-5 seen)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got_k, want_k, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(got_v, want_v, rtol=1e-4, atol=1e-4)
     else:
         # Inductor keeps a fused chain's intermediates in float32 where eager rounds each op's
         # output to bf16: the two differ by a few roundings, and the compiled one is no

@@ -152,13 +152,19 @@ def test_stop_strings_cut_the_text_on_a_real_tokenizer() -> None:
     assert kept[0].outputs[0].text == head + "\n"
 
 
-def test_auto_dtype_is_bf16_only_where_the_hardware_runs_it_natively() -> None:
+def test_auto_dtype_is_bf16_only_where_the_hardware_runs_it_natively(monkeypatch) -> None:
     import torch
 
     from engine.engine import cpu_has_native_bf16, resolve_dtype
 
     cpu = torch.device("cpu")
-    assert resolve_dtype("auto", cpu) == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    assert resolve_dtype("auto", cpu) == "float32"  # SERVEBENCH_CPU_BF16=0 (conftest)
+    monkeypatch.delenv("SERVEBENCH_CPU_BF16")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    native = any(f in flags.split() for f in ("avx512_bf16", "amx_bf16", "bf16"))
+    assert cpu_has_native_bf16() == native
+    assert resolve_dtype("auto", cpu) == ("bfloat16" if native else "float32")
+    monkeypatch.setenv("SERVEBENCH_CPU_BF16", "0")
     assert resolve_dtype("auto", torch.device("cuda")) == "bfloat16"
     assert resolve_dtype("float32", torch.device("cuda")) == "float32"
     llm = LLM("tiny-llama", num_kv_blocks=8)
