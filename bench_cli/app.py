@@ -320,6 +320,13 @@ SimCostModel = Annotated[
 SimProfile = Annotated[
     str | None, Opt(help="sim: a calibration profile (default: bench calibrate's path)")
 ]
+SimDraftShare = Annotated[
+    float | None,
+    Opt(
+        help="sim, speculative decoding: the share of decodes the proposer finds a draft for "
+        "(n-gram lookup misses the rest; default 1)"
+    ),
+]
 SimAcceptance = Annotated[
     str | None,
     Opt(
@@ -357,6 +364,7 @@ def run(
     sim_cost_model: SimCostModel = None,
     sim_profile: SimProfile = None,
     sim_acceptance: SimAcceptance = None,
+    sim_draft_share: SimDraftShare = None,
     arrival: Annotated[str | None, Opt(help="poisson | gamma | constant | trace")] = None,
     rate: Annotated[float | None, Opt(help="requests per second (open loop)")] = None,
     burstiness: Annotated[float | None, Opt(help="gamma shape: 1 Poisson, < 1 burstier")] = None,
@@ -515,6 +523,7 @@ def sweep(
     sim_cost_model: SimCostModel = None,
     sim_profile: SimProfile = None,
     sim_acceptance: SimAcceptance = None,
+    sim_draft_share: SimDraftShare = None,
 ) -> None:
     """Run one load list against a grid of engine settings, a fresh server per point; writes
     sweep.csv and prints which setting is best at each load. `--rates auto:N` finds the loads
@@ -530,7 +539,7 @@ def sweep(
     flags = {"base_url": base_url, "model": model, "api_key": api_key, "name": name, "out": out}
     flags |= {"engine_kind": engine_kind, "sim_device": sim_device}
     flags |= {"sim_cost_model": sim_cost_model, "sim_profile": sim_profile}
-    flags["sim_acceptance"] = sim_acceptance
+    flags |= {"sim_acceptance": sim_acceptance, "sim_draft_share": sim_draft_share}
     code = run_sweep(
         profile or "default", flags, repeat, resume, not no_dashboard, console, rates=rates
     )

@@ -135,9 +135,12 @@ def run_one(
                 )
         if cfg.engine_kind == "sim":  # the simulated device's peaks (spec sheet or measured)
             config["device_peak"] = backend.device_peak()  # type: ignore[attr-defined]
-            if cfg.sim_acceptance is not None and not config["engine"]["speculative_config"]:
+            given = {"--sim-acceptance": cfg.sim_acceptance}
+            given["--sim-draft-share"] = cfg.sim_draft_share
+            unused = [flag for flag, value in given.items() if value is not None]
+            if unused and not config["engine"]["speculative_config"]:
                 console.print(
-                    "[yellow]note:[/] --sim-acceptance unused: this run does not speculate",
+                    f"[yellow]note:[/] {', '.join(unused)} unused: this run does not speculate",
                     highlight=False,
                 )
         elif config.get("engine"):  # engine steps to divide by it: see bench_cli/device_peak.py

@@ -159,6 +159,8 @@ def _spec_rows(telemetry: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     if per_pos := telemetry.get("spec_acceptance_per_pos"):
         rows.append(("  accepted by draft position", ",".join(f"{r:.3f}" for r in per_pos)))
+    if (share := telemetry.get("spec_draft_share")) is not None:
+        rows.append(("  decodes given a draft", f"{share:.3f}"))
     return rows
 
 

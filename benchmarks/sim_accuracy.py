@@ -37,7 +37,8 @@ SCENARIOS: dict[str, list[str]] = {
         "--rate", "0.4", "--shared-prefix-len", "256", "--num-prefix-groups", "2",
         "--no-enable-prefix-caching",
     ],
-    # The simulation is given the acceptance by draft position the real run measured.
+    # The simulation is given the acceptance by draft position and the share of decodes given a
+    # draft that the real run measured.
     "n-gram k=4, 0.3/s": [
         "--rate", "0.3", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}',
     ],
@@ -134,6 +135,7 @@ def main() -> None:
         sim_flags = [*base, *COMMON, *flags, "--engine", "sim", "--sim-profile", profile]
         if rates := real["telemetry"].get("spec_acceptance_per_pos"):
             sim_flags += ["--sim-acceptance", ",".join(f"{r:.4f}" for r in rates)]
+            sim_flags += ["--sim-draft-share", f"{real['telemetry']['spec_draft_share']:.4f}"]
         sim = bench(sim_flags, sim_dir)
         errors = {}
         for label, key, stat in METRICS:

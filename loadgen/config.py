@@ -56,6 +56,7 @@ class RunConfig:
     # speculative decoding's acceptance: a rate per draft token (0.7) or rates per draft
     # position ("0.8,0.6,0.45", as vLLM reports them); engine/sim/speculation.py
     sim_acceptance: float | str | list[float] | None = None
+    sim_draft_share: float | None = None  # of decodes that get a draft (n-gram misses); None: 1
     # arrivals
     arrival: str = "poisson"
     rate: float | None = None
@@ -235,6 +236,7 @@ class RunConfig:
         sim_keys = {"--sim-device": self.sim_device, "--sim-cost-model": self.sim_cost_model}
         sim_keys["--sim-profile"] = self.sim_profile
         sim_keys["--sim-acceptance"] = self.sim_acceptance
+        sim_keys["--sim-draft-share"] = self.sim_draft_share
         if self.engine_kind not in ("bundled", "sim"):
             raise ValueError(f"--engine {self.engine_kind!r}: expected bundled or sim")
         if self.engine_kind == "bundled":
@@ -256,6 +258,9 @@ class RunConfig:
             from engine.sim.speculation import Acceptance
 
             Acceptance.parse(self.sim_acceptance)
+        share = self.sim_draft_share
+        if share is not None and (isinstance(share, bool) or not 0 <= share <= 1):
+            raise ValueError(f"--sim-draft-share {share!r}: a share of decodes, in [0, 1]")
 
     def _validate_naive(self) -> None:
         """The naive baseline serves the bundled model itself, one completion a prompt; of

@@ -67,7 +67,7 @@ class SimBackend:
             "linears": "simulated",
             "simulated": True,
             "sim": engine.runner.step_model.describe()  # type: ignore[attr-defined]
-            | ({"acceptance": a.describe()} if (a := engine.acceptance) else {}),
+            | ({"speculation": engine.speculation} if engine.speculation else {}),
             "weight_bytes": engine.weight_bytes,
         }
 

@@ -48,7 +48,8 @@ def sim_backend(cfg: RunConfig, tokenizer: Any, local_peak: dict[str, Any] | Non
     step_model = step_model_for(kind, model, config, device, profile)
     clock = VirtualClock()
     acceptance = None if cfg.sim_acceptance is None else Acceptance.parse(cfg.sim_acceptance)
-    engine = SimEngine(config, model, step_model, clock, acceptance)
+    share = 1.0 if cfg.sim_draft_share is None else cfg.sim_draft_share
+    engine = SimEngine(config, model, step_model, clock, acceptance, share)
     return SimBackend(engine, clock, tokenizer, device, cfg.endpoint)
 
 

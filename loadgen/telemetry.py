@@ -40,6 +40,8 @@ ENGINE_GAUGES = {
         "servebench:spec_decode_num_accepted_tokens_total",
         "vllm:spec_decode_num_accepted_tokens_total",
     ),
+    "spec_lookups": ("servebench:spec_decode_num_lookups_total",),
+    "spec_proposals": ("servebench:spec_decode_num_proposals_total",),
     "rss_bytes": ("process_resident_memory_bytes",),  # any Prometheus client exports it
 }
 
@@ -73,24 +75,30 @@ def parse_gauges(text: str) -> dict[str, float]:
     return out
 
 
-def spec_summary(
-    drafts: float, draft_tokens: float, accepted: float, per_pos: Sequence[float] = ()
-) -> dict[str, Any]:
-    """A run's speculative decoding from its counters' growth (nothing if it drafted
-    nothing): acceptance rate = accepted / draft tokens, mean acceptance length = tokens per
-    verified draft, 1 + accepted / drafts (vLLM's definitions), and the share of drafts whose
-    position i was accepted (what --sim-acceptance takes)."""
+SPEC_COUNTS = ("drafts", "draft_tokens", "accepted_tokens", "lookups", "proposals")
+
+
+def spec_summary(grew: dict[str, float], per_pos: Sequence[float] = ()) -> dict[str, Any]:
+    """A run's speculative decoding from its counters' growth (`grew`: SPEC_COUNTS' keys;
+    nothing if it drafted nothing): acceptance rate = accepted / draft tokens, mean
+    acceptance length = tokens per verified draft, 1 + accepted / drafts (vLLM's
+    definitions), the share of drafts whose position i was accepted and the share of
+    decodes the proposer found a draft for (ours; what --sim-acceptance and
+    --sim-draft-share take)."""
+    drafts, tokens, accepted = grew["drafts"], grew["draft_tokens"], grew["accepted_tokens"]
     if not drafts:
         return {}
     out = {
         "spec_drafts": drafts,
-        "spec_draft_tokens": draft_tokens,
+        "spec_draft_tokens": tokens,
         "spec_accepted_tokens": accepted,
-        "spec_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "spec_acceptance_rate": accepted / tokens if tokens else None,
         "spec_mean_acceptance_length": 1 + accepted / drafts,
     }
     if per_pos:
         out["spec_acceptance_per_pos"] = [n / drafts for n in per_pos]
+    if grew.get("lookups"):
+        out["spec_draft_share"] = grew["proposals"] / grew["lookups"]
     return out
 
 
@@ -98,13 +106,8 @@ def spec_counts(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
     """The same from an in-process engine's `stats()` before and after a run."""
     key = "spec_decode_num_accepted_tokens_per_pos"
     per_pos = [a - b for a, b in zip(after[key], before[key], strict=True)]
-    return spec_summary(
-        *(
-            after[f"spec_decode_num_{k}"] - before[f"spec_decode_num_{k}"]
-            for k in ("drafts", "draft_tokens", "accepted_tokens")
-        ),
-        per_pos,
-    )
+    grew = {k: after[f"spec_decode_num_{k}"] - before[f"spec_decode_num_{k}"] for k in SPEC_COUNTS}
+    return spec_summary(grew, per_pos)
 
 
 class Telemetry:
@@ -245,15 +248,16 @@ class Telemetry:
             q, h = col("engine_prefix_cache_queries"), col("engine_prefix_cache_hits")
             asked = q[-1] - q[0]  # over the run (the counters are the server's lifetime's)
             out["prefix_cache_hit_rate"] = (h[-1] - h[0]) / asked if asked else None
-        spec = ("engine_spec_drafts", "engine_spec_draft_tokens", "engine_spec_accepted_tokens")
-        if set(spec) <= names:
+        spec = {k: f"engine_spec_{k}" for k in SPEC_COUNTS if f"engine_spec_{k}" in names}
+        if {"drafts", "draft_tokens", "accepted_tokens"} <= set(spec):
+            grew = {k: col(c)[-1] - col(c)[0] for k, c in spec.items()}  # over the run
             positions = sorted(
                 (int(n.removeprefix("engine_spec_accepted_pos")), n)
                 for n in names
                 if n.startswith("engine_spec_accepted_pos")
             )
             per_pos = [col(n)[-1] - col(n)[0] for _, n in positions]
-            out |= spec_summary(*(col(c)[-1] - col(c)[0] for c in spec), per_pos)  # over the run
+            out |= spec_summary(grew, per_pos)
         return out
 
     def write_csv(self, path: Path, t0: float) -> None:

@@ -329,6 +329,7 @@ def test_speculative_decoding_shows_its_acceptance_in_the_summary(
     assert len(per_pos) == 3 and per_pos == sorted(per_pos, reverse=True)
     assert sum(per_pos) * t["spec_drafts"] == pytest.approx(t["spec_accepted_tokens"])
     assert "accepted by draft position" in printed
+    assert t["spec_draft_share"] == 1.0  # a draft model always proposes
     assert summary["total_output_tokens"] == 12 * 24  # speculation changes no count
     assert "Spec decode acceptance rate" in printed
     assert summary["config"]["engine"]["speculative_config"]["num_speculative_tokens"] == 3

@@ -20,12 +20,18 @@ from engine.sim.sim_engine import SimEngine
 from engine.sim.speculation import Acceptance
 
 
-def _sim(spec: dict[str, Any] | None, acceptance: Acceptance | None, **kwargs: Any) -> SimEngine:
+def _sim(
+    spec: dict[str, Any] | None,
+    acceptance: Acceptance | None,
+    draft_share: float = 1.0,
+    **kwargs: Any,
+) -> SimEngine:
     config = EngineConfig.from_kwargs(
         "tiny-llama", max_model_len=1024, speculative_config=spec, **kwargs
     )
     config.dtype = config.cache.kv_cache_dtype = "float32"
-    return SimEngine(config, model_shape("tiny-llama"), FixedStep(), VirtualClock(), acceptance)
+    shape = model_shape("tiny-llama")
+    return SimEngine(config, shape, FixedStep(), VirtualClock(), acceptance, draft_share)
 
 
 def _drain(sim: SimEngine, requests: int, max_tokens: int) -> tuple[int, dict[str, int]]:
@@ -58,6 +64,14 @@ def test_drafts_are_accepted_at_the_rates_given_and_outputs_keep_their_length() 
     assert steps < plain_steps / 2  # ~2.9 tokens a step instead of one
     again = _sim(ngram, Acceptance.parse(rates), max_num_seqs=8)  # the same seed: the same run
     assert _drain(again, 24, 400) == (steps, tokens) and again.spec_stats() == stats
+    # n-gram lookup that finds a draft for 40 % of the decodes
+    misses = _sim(ngram, Acceptance.parse(rates), draft_share=0.4, max_num_seqs=8)
+    _, tokens = _drain(misses, 24, 400)
+    assert tokens == {f"r{i}": 400 for i in range(24)}
+    stats = misses.spec_stats()
+    lookups, proposals = stats["spec_decode_num_lookups"], stats["spec_decode_num_proposals"]
+    assert proposals == stats["spec_decode_num_drafts"]  # every draft found room
+    assert proposals / lookups == pytest.approx(0.4, abs=0.03)
 
 
 def test_acceptance_forms_and_their_checks() -> None:
@@ -114,6 +128,7 @@ def test_known_draft_and_verify_times_come_out_exactly(
         assert gaps == pytest.approx(expected, rel=1e-9), r
     summary = json.loads((out / "summary.json").read_text())
     assert summary["telemetry"]["spec_acceptance_rate"] == accept
-    assert json.loads((out / "config.json").read_text())["engine"]["sim"]["acceptance"] == {
-        "per_token": accept
+    assert json.loads((out / "config.json").read_text())["engine"]["sim"]["speculation"] == {
+        "per_token": accept,
+        "draft_share": 1.0,
     }

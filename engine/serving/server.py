@@ -312,6 +312,17 @@ async def metrics(request: web.Request) -> web.Response:
             s["spec_decode_num_accepted_tokens"],
             "draft tokens accepted",
         ),
+        # Ours: decoding requests asked for a draft, and those the proposer found one for.
+        "spec_decode_num_lookups_total": (
+            "counter",
+            s["spec_decode_num_lookups"],
+            "decoding requests the proposer was asked for a draft",
+        ),
+        "spec_decode_num_proposals_total": (
+            "counter",
+            s["spec_decode_num_proposals"],
+            "of those, the ones it proposed a draft for",
+        ),
         "spec_decode_num_accepted_tokens_per_pos_total": (
             "counter",
             {f'position="{i}"': n for i, n in enumerate(per_pos)},

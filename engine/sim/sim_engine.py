@@ -89,8 +89,10 @@ class SimEngine(LLMEngine):
         step_model: StepTimeModel,
         clock: VirtualClock,
         acceptance: Acceptance | None = None,
+        draft_share: float = 1.0,
     ) -> None:
-        """acceptance: of draft tokens, with speculative decoding (engine/sim/speculation.py)."""
+        """acceptance: of draft tokens, with speculative decoding; draft_share: of decodes
+        that get a draft (engine/sim/speculation.py)."""
         spec = config.speculative_config
         if spec is not None and acceptance is None:
             raise ValueError(
@@ -114,13 +116,22 @@ class SimEngine(LLMEngine):
         stops = set(self.eos_token_ids)
         token = next(i for i in range(model_config.vocab_size) if i not in stops)
         self.runner = SimRunner(step_model, token)  # type: ignore[assignment]
-        self.acceptance = acceptance if spec is not None else None  # what config.json says
+        # What config.json says of the drafts (nothing without speculation).
+        self.speculation = (
+            None if acceptance is None else acceptance.describe() | {"draft_share": draft_share}
+        )
         if spec is not None:
             assert acceptance is not None
             share = (spec.num_draft_layers or 0) / model_config.num_layers
             draft_time = step_model.step_time if spec.method == "draft_layers" else None
             proposer = SimProposer(
-                acceptance, spec.num_speculative_tokens, config.seed, token, draft_time, share
+                acceptance,
+                spec.num_speculative_tokens,
+                config.seed,
+                token,
+                draft_time,
+                share,
+                draft_share,
             )
             self.runner.proposer = proposer
             self.speculator = Speculator(spec, proposer, self.max_model_len)

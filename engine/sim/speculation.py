@@ -68,10 +68,10 @@ class Acceptance:
 
 
 class SimProposer:
-    """Stands in for the config's proposer: every decoding request drafts as many tokens as
-    it is allowed (n-gram lookup, which proposes nothing where the context has no match,
-    is taken to always find one: fold the misses into the rates), all of them the simulated
-    model's one token. A draft-model's proposals cost `num_draft_layers / num_layers` of a
+    """Stands in for the config's proposer: a decoding request asked for a draft gets one
+    with probability `draft_share` (n-gram lookup finds no match for the rest; a draft model
+    always proposes), as many tokens as it is allowed, all of them the simulated model's one
+    token. A draft-model's proposals cost `num_draft_layers / num_layers` of a
     decode step of the drafting requests, one per draft position (the real draft runs its
     layers, final norm and LM head once per position); prompt lookup costs nothing."""
 
@@ -83,7 +83,11 @@ class SimProposer:
         token_id: int,
         step_time: Callable[[StepShape], float] | None = None,
         layer_share: float = 0.0,
+        draft_share: float = 1.0,
     ) -> None:
+        if not 0.0 <= draft_share <= 1.0:
+            raise ValueError(f"--sim-draft-share {draft_share}: a share of decodes, in [0, 1]")
+        self.draft_share = draft_share
         self.conditional = _conditional(acceptance.rates(k))
         self.rng = random.Random(seed)
         self.token_id = token_id
@@ -92,7 +96,8 @@ class SimProposer:
         self.last_draft_s = 0.0  # the latest propose()'s drafting time
 
     def num_wanted(self, req: Request, k: int) -> int:
-        return k
+        share = self.draft_share
+        return k if share >= 1.0 or self.rng.random() < share else 0
 
     def propose(self, batch: list[tuple[Request, int]]) -> None:
         for req, granted in batch:

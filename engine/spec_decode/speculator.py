@@ -23,6 +23,9 @@ class Speculator:
         # ones, and accepted ones by draft position (vLLM's spec_decode counters).
         self.drafts = self.draft_tokens = self.accepted_tokens = 0
         self.accepted_per_pos = [0] * self.k
+        # Decoding requests the proposer was asked for a draft, and of those the ones it
+        # proposed for (n-gram lookup finds no match in the rest): the draft share.
+        self.lookups = self.proposals = 0
 
     def want_drafts(self, running: list[Request]) -> list[Request]:
         """Before scheduling: the decoding requests that want room for drafts (at most k,
@@ -37,7 +40,11 @@ class Speculator:
                 req.params.max_tokens - req.num_output_tokens - 1,
                 self.max_model_len - req.num_tokens - 1,
             )
-            if k > 0 and (wanted := self.proposer.num_wanted(req, k)) > 0:
+            if k <= 0:
+                continue
+            self.lookups += 1
+            if (wanted := self.proposer.num_wanted(req, k)) > 0:
+                self.proposals += 1
                 req.num_spec_wanted = wanted
                 candidates.append(req)
         return candidates
@@ -86,6 +93,8 @@ def speculation_stats(spec: Speculator | None) -> dict[str, Any]:
         "spec_decode_num_draft_tokens": tokens,
         "spec_decode_num_accepted_tokens": accepted,
         "spec_decode_num_accepted_tokens_per_pos": list(spec.accepted_per_pos) if spec else [],
+        "spec_decode_num_lookups": spec.lookups if spec else 0,
+        "spec_decode_num_proposals": spec.proposals if spec else 0,
         "spec_decode_acceptance_rate": accepted / tokens if tokens else None,
         "spec_decode_mean_acceptance_length": 1 + accepted / drafts if drafts else None,
     }
