@@ -140,3 +140,26 @@ def test_the_prefix_cache_hit_rate_is_taken_over_the_run() -> None:
     assert tel.summary()["prefix_cache_hit_rate"] == 0.25
     page = "vllm:prefix_cache_queries_total 5\nservebench:prefix_cache_hits_total 3\n"
     assert parse_gauges(page) == {"prefix_cache_queries": 5.0, "prefix_cache_hits": 3.0}
+
+
+def test_speculation_by_draft_position_from_vllms_counters_over_the_run() -> None:
+    """vLLM labels accepted tokens by position: each is its own column, taken over the run."""
+    page = "\n".join(
+        [
+            'vllm:spec_decode_num_drafts_total{model_name="m"} 10',
+            'vllm:spec_decode_num_draft_tokens_total{model_name="m"} 30',
+            'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 14',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 8',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="1"} 4',
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 2',
+        ]
+    )
+    start = {f"engine_{k}": v for k, v in parse_gauges(page).items()}
+    assert start["engine_spec_accepted_pos1"] == 4.0
+    later = {k: 2 * v for k, v in start.items()}  # the run doubled every counter
+    tel = Telemetry(pid=None, metrics_url=None)
+    tel.rows = [{"t": 0.0, **start}, {"t": 1.0, **later}]
+    s = tel.summary()
+    assert s["spec_drafts"] == 10 and s["spec_acceptance_rate"] == 14 / 30
+    assert s["spec_acceptance_per_pos"] == [0.8, 0.4, 0.2]
+    assert "spec_draft_share" not in s  # vLLM does not count lookups
