@@ -71,7 +71,7 @@ class SimProposer:
     """Stands in for the config's proposer: a decoding request asked for a draft gets one
     with probability `draft_share` (n-gram lookup finds no match for the rest; a draft model
     always proposes), as many tokens as it is allowed, all of them the simulated model's one
-    token. A draft-model's proposals cost `num_draft_layers / num_layers` of a
+    token. A draft model's proposals cost `num_draft_layers / num_layers` of a
     decode step of the drafting requests, one per draft position (the real draft runs its
     layers, final norm and LM head once per position); prompt lookup costs nothing."""
 
