@@ -259,7 +259,8 @@ class RunConfig:
 
             Acceptance.parse(self.sim_acceptance)
         share = self.sim_draft_share
-        if share is not None and (isinstance(share, bool) or not 0 <= share <= 1):
+        number = isinstance(share, (int, float)) and not isinstance(share, bool)
+        if share is not None and not (number and 0 <= share <= 1):
             raise ValueError(f"--sim-draft-share {share!r}: a share of decodes, in [0, 1]")
 
     def _validate_naive(self) -> None:

@@ -240,6 +240,7 @@ def test_closed_loop_and_conversations_run_in_virtual_time(tmp_path: Path) -> No
         ({"speculative_config": '{"method": "ngram"}'}, "give --sim-acceptance"),
         ({"speculative_config": '{"method": "ngram"}', "sim_acceptance": "0.9,0.5"}, "give 4"),
         ({"sim_acceptance": "0.5,0.7"}, "cannot rise"),
+        ({"sim_draft_share": "half"}, "--sim-draft-share 'half'"),
         ({"model": "meta-llama/Llama-3.1-70B", "sim_device": "a100"}, "do not fit on 1 x a100"),
     ],
 )
