@@ -88,11 +88,10 @@ def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
 def local_sim_peak(dtype: str | None = "auto") -> dict[str, Any]:
     """This machine's peaks in the dtype a simulated local engine computes in: "auto" as the
     engine resolves it (bfloat16 where the CPU has it natively, else float32)."""
-    if dtype in (None, "auto"):
-        from engine.engine import cpu_has_native_bf16
+    from engine.engine import resolve_dtype
 
-        dtype = "bfloat16" if cpu_has_native_bf16() else "float32"
-    return device_peak("cpu", torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+    name = resolve_dtype(dtype or "auto", torch.device("cpu"))
+    return device_peak("cpu", torch.bfloat16 if name == "bfloat16" else torch.float32)
 
 
 def device_peak(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:

@@ -107,7 +107,9 @@ def run_one(
         elif cfg.engine_kind == "sim":
             target = Target.simulated(f"simulated {cfg.model} on {cfg.sim_device or 'local'}")
             if (cfg.sim_device or "local") == "local":
-                local_peak = _local_sim_peak(cfg.engine.get("dtype"), console)
+                local_peak = _device_peak(
+                    {"device": "cpu", "dtype": cfg.engine.get("dtype")}, console
+                )
         elif cfg.naive_batch is not None:  # the baseline: no server, no engine
             target = Target.naive(cfg.naive_batch)
         elif cfg.in_process:
@@ -246,29 +248,20 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
     return start
 
 
-def _local_sim_peak(dtype: str | None, console: Console) -> dict[str, Any] | None:
-    """This machine's peaks for a simulation of it, in the dtype the engine would use."""
-    from bench_cli.device_peak import local_sim_peak
-
-    with console.status("measuring this machine's peak FLOP/s and bandwidth (once a machine) ..."):
-        try:
-            return local_sim_peak(dtype)
-        except (RuntimeError, ValueError) as e:
-            console.print(f"[yellow]note:[/] device peak not measured: {escape(str(e))}")
-            return None
-
-
 def _device_peak(engine: dict[str, Any], console: Console) -> dict[str, Any] | None:
     """The peak of the device the bundled engine runs on (this machine), for the report's
-    utilization: cached per machine, measured (a few seconds) the first time."""
+    utilization, or that a simulation of this machine computes with (in the dtype "auto"
+    resolves to): cached per machine, measured (a few seconds) the first time."""
     import torch
 
     from bench_cli.device_peak import device_peak
+    from engine.engine import resolve_dtype
 
     device = engine.get("device") or "auto"
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = {"bfloat16": torch.bfloat16}.get(engine.get("dtype", ""), torch.float32)
+    name = resolve_dtype(engine.get("dtype") or "auto", torch.device(device))
+    dtype = torch.bfloat16 if name == "bfloat16" else torch.float32
     with console.status("measuring this device's peak FLOP/s and bandwidth (once a machine) ..."):
         try:
             return device_peak(device, dtype)

@@ -254,14 +254,12 @@ class RunConfig:
             raise ValueError(
                 f"--sim-cost-model {self.sim_cost_model!r}: expected calibrated or roofline"
             )
-        if self.sim_acceptance is not None:
-            from engine.sim.speculation import Acceptance
+        from engine.sim.speculation import Acceptance, check_draft_share
 
+        if self.sim_acceptance is not None:
             Acceptance.parse(self.sim_acceptance)
-        share = self.sim_draft_share
-        number = isinstance(share, (int, float)) and not isinstance(share, bool)
-        if share is not None and not (number and 0 <= share <= 1):
-            raise ValueError(f"--sim-draft-share {share!r}: a share of decodes, in [0, 1]")
+        if self.sim_draft_share is not None:
+            check_draft_share(self.sim_draft_share)
 
     def _validate_naive(self) -> None:
         """The naive baseline serves the bundled model itself, one completion a prompt; of

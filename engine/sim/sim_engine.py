@@ -122,7 +122,7 @@ class SimEngine(LLMEngine):
         )
         if spec is not None:
             assert acceptance is not None
-            share = (spec.num_draft_layers or 0) / model_config.num_layers
+            layer_share = (spec.num_draft_layers or 0) / model_config.num_layers
             draft_time = step_model.step_time if spec.method == "draft_layers" else None
             proposer = SimProposer(
                 acceptance,
@@ -130,7 +130,7 @@ class SimEngine(LLMEngine):
                 config.seed,
                 token,
                 draft_time,
-                share,
+                layer_share,
                 draft_share,
             )
             self.runner.proposer = proposer

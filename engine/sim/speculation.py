@@ -10,6 +10,7 @@ import itertools
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engine.core.request import Request
 from engine.model.cost import StepShape
@@ -67,6 +68,14 @@ class Acceptance:
         return {"per_position": list(self.per_pos)}
 
 
+def check_draft_share(share: Any) -> float:
+    """The share of decodes that get a draft, checked: a number in [0, 1]."""
+    number = isinstance(share, (int, float)) and not isinstance(share, bool)
+    if not (number and 0 <= share <= 1):
+        raise ValueError(f"--sim-draft-share {share!r}: a share of decodes, in [0, 1]")
+    return float(share)
+
+
 class SimProposer:
     """Stands in for the config's proposer: a decoding request asked for a draft gets one
     with probability `draft_share` (n-gram lookup finds no match for the rest; a draft model
@@ -85,9 +94,7 @@ class SimProposer:
         layer_share: float = 0.0,
         draft_share: float = 1.0,
     ) -> None:
-        if not 0.0 <= draft_share <= 1.0:
-            raise ValueError(f"--sim-draft-share {draft_share}: a share of decodes, in [0, 1]")
-        self.draft_share = draft_share
+        self.draft_share = check_draft_share(draft_share)
         self.conditional = _conditional(acceptance.rates(k))
         self.rng = random.Random(seed)
         self.token_id = token_id
