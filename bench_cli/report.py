@@ -20,7 +20,7 @@ from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
 from bench_cli.tables import sim_title
 from loadgen.metrics import DISTRIBUTIONS, STATS
-from loadgen.records import RequestRecord, read_records
+from loadgen.records import RequestRecord, TokenTimes, read_records
 
 Figure = go.Figure
 # What one figure draws at most (a simulated hour has 360,000 requests and millions of token
@@ -43,7 +43,7 @@ def _latencies(ok: list[RequestRecord]) -> dict[str, Sequence[float]]:
     """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests."""
     return {
         "TTFT": [r.first_chunk_s - r.send_s for r in ok],  # type: ignore[operator]
-        "ITL": np.concatenate([r.itl_s() for r in ok]) if ok else [],
+        "ITL": TokenTimes.of(ok).gaps(ok),
         "TPOT": [
             (r.end_s - r.first_chunk_s) / (r.tokens_per_sequence - 1)  # type: ignore[operator]
             for r in ok
@@ -139,11 +139,13 @@ def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | Non
         rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.04
     )
     if ok:
-        times = np.concatenate([np.repeat(r.chunk_s, r.chunk_tokens) for r in ok])
+        chunks = TokenTimes.of(ok)
         end = max(r.end_s or 0 for r in ok)
         bins = np.arange(0, end + 1.0, 1.0)
-        counts, edges = np.histogram(times, bins=bins)
-        fig.add_trace(go.Bar(x=edges[:-1] + 0.5, y=counts, name="output tok/s"), row=1, col=1)
+        counts, edges = np.histogram(chunks.times, bins=bins, weights=chunks.tokens)
+        fig.add_trace(
+            go.Bar(x=edges[:-1] + 0.5, y=counts.astype(np.int64), name="output tok/s"), row=1, col=1
+        )
         grid = np.linspace(0, end, 400)
         sends = np.sort([r.send_s or 0 for r in ok])
         ends = np.sort([r.end_s or 0 for r in ok])

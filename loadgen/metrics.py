@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from loadgen.arrivals import Arrivals, ks_pvalue, ks_statistic, ks_two_sample
-from loadgen.records import RequestRecord
+from loadgen.records import RequestRecord, TokenTimes
 
 DEFINITIONS = {
     "ttft": "first chunk carrying output - send",
@@ -103,6 +103,17 @@ class SLO:
             and (self.e2e is None or e2e <= self.e2e)
         )
 
+    def met_all(self, ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray) -> np.ndarray:
+        """`met` of many requests at once; tpot NaN where a request has none."""
+        ok = np.ones(len(ttft), dtype=bool)
+        if self.ttft is not None:
+            ok &= ttft <= self.ttft
+        if self.tpot is not None:
+            ok &= np.isnan(tpot) | (tpot <= self.tpot)
+        if self.e2e is not None:
+            ok &= e2e <= self.e2e
+        return ok
+
 
 def summarize(
     records: Sequence[RequestRecord],
@@ -119,26 +130,33 @@ def summarize(
     class_slos = class_slos or {}
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
-    ttft, tpot, e2e, gaps, itl_tok, queue, good = [], [], [], [], [], [], 0
-    multi = any(n > 1 for r in ok for n in r.chunk_tokens)  # chunks of several tokens
-    for r in ok:
-        assert r.send_s is not None and r.first_chunk_s is not None and r.end_s is not None
-        t, e = r.first_chunk_s - r.send_s, r.end_s - r.send_s
-        # per sequence: n completions decode side by side, each its own tokens
-        per_seq = r.tokens_per_sequence
-        p = (e - t) / (per_seq - 1) if per_seq > 1 else None
-        ttft.append(t)
-        e2e.append(e)
-        queue.append(r.queue_s)
-        if p is not None:
-            tpot.append(p)
-        gaps.append(r.itl_s())
-        if multi:
-            for gap, n in r.gaps():
-                itl_tok.extend([gap / n] * n)
-        judge = class_slos.get(r.cls or "", slo)
-        good += judge.met(t + r.queue_s, p, e + r.queue_s)  # as a user behind a cap sees it
-    itl = np.concatenate(gaps) if gaps else np.empty(0)
+    n = len(ok)
+    send, first, end, queue = (
+        np.fromiter((getattr(r, name) for r in ok), np.float64, n)
+        for name in ("send_s", "first_chunk_s", "end_s", "queue_s")
+    )
+    assert not np.isnan(send).any() and not np.isnan(first).any() and not np.isnan(end).any()
+    ttft, e2e = first - send, end - send
+    # per sequence: n completions decode side by side, each its own tokens
+    per_seq = np.fromiter((r.tokens_per_sequence for r in ok), np.float64, n)
+    decoded = per_seq > 1
+    tpot_or_nan = np.full(n, np.nan)
+    tpot_or_nan[decoded] = (e2e[decoded] - ttft[decoded]) / (per_seq[decoded] - 1)
+    tpot = tpot_or_nan[decoded]
+    chunks = TokenTimes.of(ok)
+    itl = chunks.gaps(ok)
+    multi = chunks.tokens is not None and bool((chunks.tokens > 1).any())  # several a chunk
+    itl_tok: list[float] = []
+    if multi:
+        for r in ok:
+            for gap, k in r.gaps():
+                itl_tok.extend([gap / k] * k)
+    # a user behind a cap sees TTFT and E2E with the queue wait
+    met = slo.met_all(ttft + queue, tpot_or_nan, e2e + queue)
+    for name, class_slo in class_slos.items():
+        mine = np.fromiter((r.cls == name for r in ok), bool, n)
+        met[mine] = class_slo.met_all(ttft + queue, tpot_or_nan, e2e + queue)[mine]
+    good = int(met.sum())
     lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
@@ -150,13 +168,13 @@ def summarize(
         "tpot_s": distribution(tpot),
         "e2e_s": distribution(e2e),
         "queue_s": distribution(queue),
-        "ttft_with_queue_s": distribution([t + q for t, q in zip(ttft, queue, strict=True)]),
-        "e2e_with_queue_s": distribution([t + q for t, q in zip(e2e, queue, strict=True)]),
+        "ttft_with_queue_s": distribution(ttft + queue),
+        "e2e_with_queue_s": distribution(e2e + queue),
         "schedule_lag_s": distribution(lags),
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
-        "peak_output_throughput": peak_output_throughput(ok),
+        "peak_output_throughput": peak_output_throughput(ok, chunks),
         "peak_concurrent_requests": peak_concurrency(ok),
         "goodput": good / duration if _any_slo(slo, class_slos) else None,
         "slo": slo.as_dict(),
@@ -236,18 +254,17 @@ def _cached(ok: Sequence[RequestRecord]) -> int | None:
     return sum(told) if told else None
 
 
-def peak_output_throughput(ok: Sequence[RequestRecord]) -> float:
+def peak_output_throughput(ok: Sequence[RequestRecord], chunks: TokenTimes | None = None) -> float:
     """vLLM's peak: output tokens binned into whole seconds after the first send, by the time
     their chunk arrived; the fullest bin. Tokens, not chunks, so multi-token chunks count."""
     if not ok:
         return 0.0
-    t0 = min(r.send_s for r in ok)  # type: ignore[type-var]
-    times = np.concatenate([np.asarray(r.chunk_s, dtype=np.float64) for r in ok])
-    tokens = np.concatenate([np.asarray(r.chunk_tokens, dtype=np.float64) for r in ok])
-    if times.size == 0:
+    chunks = chunks or TokenTimes.of(ok)
+    if chunks.times.size == 0:
         return 0.0
-    bins = np.floor(times - t0).astype(np.int64)
-    return float(np.bincount(bins, weights=tokens).max())
+    t0 = min(r.send_s for r in ok)  # type: ignore[type-var]
+    bins = np.floor(chunks.times - t0).astype(np.int64)
+    return float(np.bincount(bins, weights=chunks.tokens).max())
 
 
 def peak_concurrency(ok: Sequence[RequestRecord]) -> int:

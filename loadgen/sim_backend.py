@@ -53,7 +53,7 @@ class SimBackend:
         self._task: asyncio.Task | None = None
         self._replies: PromptBuilder | None = None  # multi-turn: text to carry the reply
         # " word" -> its id, PromptBuilder.words' ids in order, what encode puts first
-        self._words: tuple[dict[str, int], list[int], list[int]] | None = None
+        self._words: tuple[dict[str, int], np.ndarray, list[int]] | None = None
         self._checks = 3
         self._stamps: dict[float, list[float]] = {}  # t0 -> group steps' ends - t0
         if self.fast_forward:
@@ -112,12 +112,12 @@ class SimBackend:
         the first prompts."""
         if self._words is None:
             builder = PromptBuilder(self.tokenizer)
-            ids = builder.word_ids.tolist()
-            words = {w[1:]: i for w, i in zip(builder.words, ids, strict=True)}
+            ids = builder.word_ids
+            words = {w[1:]: i for w, i in zip(builder.words, ids.tolist(), strict=True)}
             self._words = (words, ids, self.tokenizer.encode(""))
         words, by_index, bos = self._words
-        if spec.words is not None and not spec.history and by_index:
-            ids = bos + list(map(by_index.__getitem__, spec.words))
+        if spec.words is not None and not spec.history and len(by_index):
+            ids = bos + by_index[spec.words].tolist()
         else:
             pieces = text.split(" ")
             if pieces[0]:
@@ -129,7 +129,7 @@ class SimBackend:
         if self._checks:  # the lookup must give the tokenizer's ids exactly
             self._checks -= 1
             if ids != self.tokenizer.encode(text):
-                self._words = ({}, [], [])
+                self._words = ({}, np.empty(0, np.int64), [])
                 return None
         return ids
 

@@ -7,7 +7,6 @@ import itertools
 import json
 import math
 import re
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,9 +28,9 @@ class RequestSpec:
     cls: str | None = None  # its traffic class, when the run mixes several
     n: int = 1  # completions asked for this prompt (parallel sampling)
     priority: int | None = None  # lower is served first (vLLM's); None: not sent
-    # A synthetic prompt as indices into PromptBuilder.words: a simulation takes its token ids
-    # from them instead of tokenizing the text (32-bit: 1 KB a 256-token prompt).
-    words: array | None = field(default=None, compare=False, hash=False, repr=False)
+    # A synthetic prompt as indices into PromptBuilder.words (uint32: 1 KB a 256-token
+    # prompt): a simulation takes its token ids from them instead of tokenizing the text.
+    words: np.ndarray | None = field(default=None, compare=False, hash=False, repr=False)
 
     def messages(self) -> list[dict[str, str]]:
         turns = [*self.history, ("user", self.prompt)]
@@ -111,6 +110,7 @@ class PromptBuilder:
         )
         self.word_ids = np.asarray(ids, dtype=np.int64)
         self.words = words
+        self._word_array = np.asarray(words, dtype=object)  # joins from an index array
         if len(ids) < 100 or not self._concatenates(np.random.default_rng(0)):
             raise ValueError(
                 "this tokenizer has too few ' word' tokens that re-encode to themselves to build "
@@ -130,6 +130,13 @@ class PromptBuilder:
 
     def text(self, picks: list[int]) -> str:
         return "".join(map(self.words.__getitem__, picks))
+
+    def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`tokens` as an array (the same draws): a simulated hour plans 360,000 prompts."""
+        return rng.integers(0, len(self.words), n).astype(np.uint32)
+
+    def text_of(self, picks: np.ndarray) -> str:
+        return "".join(self._word_array[picks].tolist())
 
     def prompt(self, n: int, rng: np.random.Generator) -> str:
         return self.text(self.tokens(n, rng))
@@ -161,11 +168,14 @@ def synthetic(cfg: WorkloadConfig, builder: PromptBuilder) -> Iterator[RequestSp
     inp, out = LengthDist.parse(cfg.input_len), LengthDist.parse(cfg.output_len)
     if cfg.shared_prefix_len < 0 or cfg.num_prefix_groups < 1:
         raise ValueError("shared prefix length must be >= 0 and prefix groups >= 1")
-    prefixes = [builder.tokens(cfg.shared_prefix_len, rng) for _ in range(cfg.num_prefix_groups)]
+    prefixes = [builder.draw(cfg.shared_prefix_len, rng) for _ in range(cfg.num_prefix_groups)]
     for i in itertools.count():
         n = inp.sample(rng)
-        picks = prefixes[i % len(prefixes)] + builder.tokens(n, rng)
-        yield RequestSpec(builder.text(picks), len(picks), out.sample(rng), words=array("I", picks))
+        prefix = prefixes[i % len(prefixes)]
+        picks = (
+            np.concatenate((prefix, builder.draw(n, rng))) if len(prefix) else builder.draw(n, rng)
+        )
+        yield RequestSpec(builder.text_of(picks), len(picks), out.sample(rng), words=picks)
 
 
 def from_trace(

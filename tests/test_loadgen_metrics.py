@@ -15,7 +15,7 @@ from aiohttp import web
 
 from loadgen.backends import OpenAIBackend
 from loadgen.metrics import DISTRIBUTIONS, SLO, STATS, distribution, summarize
-from loadgen.records import RecordWriter, RequestRecord, read_records
+from loadgen.records import RecordWriter, RequestRecord, TokenTimes, read_records
 from loadgen.workload import RequestSpec
 
 
@@ -424,3 +424,21 @@ def test_headers_sampling_and_extra_body_reach_the_server() -> None:
     body = seen["body"]
     assert (body["temperature"], body["top_k"], body["min_p"]) == (0.7, 7, 0.1)
     assert "top_p" not in body  # not given: the server's default
+
+
+def test_pooled_gaps_are_each_records_own() -> None:
+    """TokenTimes (the summary's and report's pooled ITLs) against itl_s() record by record:
+    one-sequence records, empty and one-chunk ones, and n > 1 choices told apart."""
+    plain = rec(0, 0.0, [0.5, 0.6, 0.9], 3)
+    one = rec(1, 1.0, [1.5], 1)
+    empty = RequestRecord(2, "r2", 10, 4, scheduled_s=1.5, send_s=1.5)
+    parallel = rec(3, 2.0, [2.1, 2.2, 2.4, 2.7, 3.0], 5, n=2)
+    parallel.chunk_choice = [0, 1, 0, 1, 0]  # choice 0: .1 .4 .7 -> .3 .3; choice 1: .5
+    untold = rec(4, 3.0, [3.1, 3.3], 2, n=2)  # choices not told apart: successive chunks
+    later = rec(5, 4.0, [4.5, 4.75], 2)
+    records = [plain, one, empty, parallel, untold, later]
+    chunks = TokenTimes.of(records)
+    assert chunks.counts.tolist() == [3, 1, 0, 5, 2, 2]
+    pooled = sorted(chunks.gaps(records).tolist())
+    expected = sorted(g for r in records for g in r.itl_s().tolist())
+    assert pooled == pytest.approx(expected) and len(pooled) == 2 + 3 + 1 + 1

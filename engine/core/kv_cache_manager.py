@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+from hashlib import blake2b
 
 from engine.core.block_pool import BlockHash, BlockPool
 
@@ -72,12 +73,16 @@ class KVCacheManager:
         """The chained hashes of the request's first `num_blocks` full blocks (kept and
         extended as its tokens grow)."""
         hashes = self._hashes.setdefault(request_id, [])
-        bs = self.block_size
-        while len(hashes) < num_blocks:
-            i = len(hashes)
-            hashes.append(
-                hash_block(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs])
-            )
+        done = len(hashes)
+        if done < num_blocks:  # the new blocks' tokens as bytes at once: hash_block's, chained
+            bs, width = self.block_size, self.block_size * 8
+            data = array.array("q", token_ids[done * bs : num_blocks * bs]).tobytes()
+            parent = hashes[-1] if hashes else b""
+            for start in range(0, len(data), width):
+                parent = blake2b(parent, digest_size=16)
+                parent.update(data[start : start + width])
+                parent = parent.digest()
+                hashes.append(parent)
         return hashes[:num_blocks]
 
     def computed_blocks(self, request_id: str, token_ids: list[int]) -> list[int]:
