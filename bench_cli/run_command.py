@@ -91,6 +91,17 @@ def run_one(
 ) -> dict[str, Any]:
     """Plan, start the target, connect, measure (loadgen's three steps), then write the
     results (and report.html); the summary."""
+    if cfg.engine_kind != "sim":
+        return _run_one(cfg, out_dir, dashboard, console, report)
+    from loadgen.virtual_loop import fewer_gc_scans
+
+    with fewer_gc_scans():
+        return _run_one(cfg, out_dir, dashboard, console, report)
+
+
+def _run_one(
+    cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console, report: bool
+) -> dict[str, Any]:
     from loadgen.benchmark import Target, build_plan, connect, measure
 
     tokenizer, tokenizer_name = _tokenizer(cfg, console)
