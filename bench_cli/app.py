@@ -321,10 +321,11 @@ SimProfile = Annotated[
     str | None, Opt(help="sim: a calibration profile (default: bench calibrate's path)")
 ]
 SimDraftShare = Annotated[
-    float | None,
+    str | None,
     Opt(
         help="sim, speculative decoding: the share of decodes the proposer finds a draft for "
-        "(n-gram lookup misses the rest; default 1)"
+        "(n-gram lookup misses the rest; default 1), or per-request shares, 0.1,0.9,1 (each "
+        "request takes one: n-gram hits cluster in requests; a run's summary gives them)"
     ),
 ]
 SimAcceptance = Annotated[

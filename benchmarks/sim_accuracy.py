@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.sim.speculation import Acceptance, per_request_shares
+
 # name -> bench run flags (over the common load below); the calibration load is another one.
 SCENARIOS: dict[str, list[str]] = {
     "poisson 0.25/s": ["--rate", "0.25"],
@@ -95,6 +97,13 @@ def main() -> None:
         "--reuse-real", action="store_true", help="keep real runs already in --out (new sims)"
     )
     ap.add_argument(
+        "--draft-share",
+        choices=("per-request", "single"),
+        default="per-request",
+        help="speculative scenarios: give the simulation the real run's share of decodes given "
+        "a draft per request (its spread), or one share for all",
+    )
+    ap.add_argument(
         "--leave-one-out",
         action="store_true",
         help="calibrate each scenario's simulation on the other scenarios' real runs (bench "
@@ -135,7 +144,7 @@ def main() -> None:
         sim_flags = [*base, *COMMON, *flags, "--engine", "sim", "--sim-profile", profile]
         if rates := real["telemetry"].get("spec_acceptance_per_pos"):
             sim_flags += ["--sim-acceptance", ",".join(f"{r:.4f}" for r in rates)]
-            sim_flags += ["--sim-draft-share", f"{real['telemetry']['spec_draft_share']:.4f}"]
+            sim_flags += ["--sim-draft-share", draft_share(real, real_dir, args.draft_share)]
         sim = bench(sim_flags, sim_dir)
         errors = {}
         for label, key, stat in METRICS:
@@ -150,6 +159,23 @@ def main() -> None:
         print(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items()), flush=True)
     print_table(rows)
     print(f"runs: {root}")
+
+
+def draft_share(real: dict[str, Any], folder: Path, how: str) -> str:
+    """--sim-draft-share for a speculative scenario: the real run's overall share, or each
+    request's (from its chunks, as its summary gives them; computed here for older runs)."""
+    if how == "single":
+        return f"{real['telemetry']['spec_draft_share']:.4f}"
+    shares = real["telemetry"].get("spec_draft_share_by_request")
+    if shares is None:
+        rates = real["telemetry"]["spec_acceptance_per_pos"]
+        chunks = [
+            r["chunk_tokens"]
+            for line in (folder / "requests.jsonl").read_text().splitlines()
+            if (r := json.loads(line))["status"] == "ok" and not r["warmup"]
+        ]
+        shares = per_request_shares(chunks, Acceptance(per_pos=tuple(rates)), len(rates))
+    return ",".join(f"{x:.4f}" for x in shares)
 
 
 def queue_ms(run: Path) -> float:

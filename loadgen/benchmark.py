@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
 from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.mix import class_schedule, merge, warmup_requests
-from loadgen.records import RecordWriter
+from loadgen.records import RecordWriter, RequestRecord
 from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
 from loadgen.telemetry import Telemetry, spec_counts
@@ -288,8 +290,27 @@ def measure(
     if engine is not None:  # in process: no /metrics, the engine's own counters
         summary["telemetry"] |= spec_counts(spec_before, engine.spec_stats())
     explain_multi_token_chunks(summary)
+    draft_shares_by_request(summary, outcome.records)
     summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
     return summary, outcome
+
+
+def draft_shares_by_request(summary: dict[str, Any], records: list[RequestRecord]) -> None:
+    """With speculative decoding, how each request's share of decodes given a draft spread
+    (engine/sim/speculation.per_request_shares; at most 100 quantiles): what
+    `--sim-draft-share` takes to simulate this run's spread of per-request speeds."""
+    t = summary.get("telemetry") or {}
+    rates = t.get("spec_acceptance_per_pos")
+    if not rates:
+        return
+    from engine.sim.speculation import Acceptance, per_request_shares
+
+    chunks = [r.chunk_tokens for r in records if r.ok and r.n == 1]
+    shares = per_request_shares(chunks, Acceptance(per_pos=tuple(rates)), len(rates))
+    if len(shares) > 100:
+        shares = np.quantile(shares, (np.arange(100) + 0.5) / 100).round(4).tolist()
+    if shares:
+        t["spec_draft_share_by_request"] = sorted(shares)
 
 
 def explain_multi_token_chunks(summary: dict[str, Any]) -> None:

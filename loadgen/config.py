@@ -56,7 +56,8 @@ class RunConfig:
     # speculative decoding's acceptance: a rate per draft token (0.7) or rates per draft
     # position ("0.8,0.6,0.45", as vLLM reports them); engine/sim/speculation.py
     sim_acceptance: float | str | list[float] | None = None
-    sim_draft_share: float | None = None  # of decodes that get a draft (n-gram misses); None: 1
+    # Of decodes that get a draft (n-gram misses the rest), or per-request shares; None: 1
+    sim_draft_share: float | str | list[float] | None = None
     # arrivals
     arrival: str = "poisson"
     rate: float | None = None
@@ -254,12 +255,11 @@ class RunConfig:
             raise ValueError(
                 f"--sim-cost-model {self.sim_cost_model!r}: expected calibrated or roofline"
             )
-        from engine.sim.speculation import Acceptance, check_draft_share
+        from engine.sim.speculation import Acceptance, DraftShare
 
         if self.sim_acceptance is not None:
             Acceptance.parse(self.sim_acceptance)
-        if self.sim_draft_share is not None:
-            check_draft_share(self.sim_draft_share)
+        DraftShare.parse(self.sim_draft_share)
 
     def _validate_naive(self) -> None:
         """The naive baseline serves the bundled model itself, one completion a prompt; of

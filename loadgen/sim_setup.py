@@ -17,7 +17,7 @@ from engine.sim.sim_engine import (
     size_gpu_kv_cache,
     step_model_for,
 )
-from engine.sim.speculation import Acceptance
+from engine.sim.speculation import Acceptance, DraftShare
 from engine.sim.step_time import Calibrated, default_profile_path
 from loadgen.config import RunConfig
 from loadgen.sim_backend import SimBackend
@@ -48,8 +48,9 @@ def sim_backend(cfg: RunConfig, tokenizer: Any, local_peak: dict[str, Any] | Non
     step_model = step_model_for(kind, model, config, device, profile)
     clock = VirtualClock()
     acceptance = None if cfg.sim_acceptance is None else Acceptance.parse(cfg.sim_acceptance)
-    share = 1.0 if cfg.sim_draft_share is None else cfg.sim_draft_share
-    engine = SimEngine(config, model, step_model, clock, acceptance, share)
+    engine = SimEngine(
+        config, model, step_model, clock, acceptance, DraftShare.parse(cfg.sim_draft_share)
+    )
     return SimBackend(engine, clock, tokenizer, device, cfg.endpoint)
 
 

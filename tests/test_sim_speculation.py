@@ -17,13 +17,13 @@ from engine.core.request import SamplingParams
 from engine.sim.clock import VirtualClock
 from engine.sim.models import model_shape
 from engine.sim.sim_engine import SimEngine
-from engine.sim.speculation import Acceptance
+from engine.sim.speculation import Acceptance, DraftShare, per_request_shares
 
 
 def _sim(
     spec: dict[str, Any] | None,
     acceptance: Acceptance | None,
-    draft_share: float = 1.0,
+    draft_share: float | tuple[float, ...] = 1.0,
     **kwargs: Any,
 ) -> SimEngine:
     config = EngineConfig.from_kwargs(
@@ -31,7 +31,8 @@ def _sim(
     )
     config.dtype = config.cache.kv_cache_dtype = "float32"
     shape = model_shape("tiny-llama")
-    return SimEngine(config, shape, FixedStep(), VirtualClock(), acceptance, draft_share)
+    share = DraftShare.parse(list(draft_share) if isinstance(draft_share, tuple) else draft_share)
+    return SimEngine(config, shape, FixedStep(), VirtualClock(), acceptance, share)
 
 
 def _drain(sim: SimEngine, requests: int, max_tokens: int) -> tuple[int, dict[str, int]]:
@@ -132,3 +133,64 @@ def test_known_draft_and_verify_times_come_out_exactly(
         "per_token": accept,
         "draft_share": 1.0,
     }
+
+
+def test_per_request_draft_shares_spread_the_requests_and_come_back_from_their_chunks() -> None:
+    """Shares 0 and 1 by request: half the requests never get a draft (one token a step),
+    the rest always do; per_request_shares reads each request's share back from its chunks
+    (one a step, 1 + accepted tokens), as the summary does from a real run's records."""
+    rates = [0.9, 0.6, 0.3, 0.1]
+    ngram = {"method": "ngram", "num_speculative_tokens": 4}
+    sim = _sim(ngram, Acceptance.parse(rates), draft_share=(0.0, 1.0), max_num_seqs=8)
+    chunks: dict[str, list[int]] = {}
+    for i in range(24):
+        params = SamplingParams(max_tokens=300, ignore_eos=True)
+        sim.add_request(f"r{i}", list(range(3, 40 + i)), params, 0.0)
+    while sim.has_unfinished_requests():
+        for o in sim.step():  # a step's tokens of a request: one streamed chunk
+            if o.new_token_ids:
+                chunks.setdefault(o.request_id, []).append(len(o.new_token_ids))
+    back = per_request_shares(list(chunks.values()), Acceptance.parse(rates), 4)
+    never = [s for s in back if s == 0.0]
+    assert 6 <= len(never) <= 18 and len(never) + sum(s > 0.85 for s in back) == 24
+    for rid, tokens in chunks.items():  # the same share for a request at every step
+        share = DraftShare((0.0, 1.0)).of(rid, sim.config.seed)
+        assert (max(tokens[1:]) == 1) == (share == 0.0), rid
+
+
+def test_draft_share_forms_and_their_checks() -> None:
+    assert DraftShare.parse(None).shares == (1.0,) and DraftShare.parse(0.4).describe() == 0.4
+    spread = DraftShare.parse("0.2,0.8,1")
+    assert spread.shares == (0.2, 0.8, 1.0) and spread.mean == pytest.approx(2 / 3)
+    assert DraftShare.parse([0.2, 0.8, 1.0]) == spread
+    assert spread.describe() == {"mean": pytest.approx(2 / 3), "per_request": [0.2, 0.8, 1.0]}
+    drawn = {spread.of(f"r{i}", 7) for i in range(60)}
+    assert drawn == {0.2, 0.8, 1.0} and spread.of("r3", 7) == spread.of("r3", 7)
+    for bad in ("half", "0.2,x", "1.5", [0.5, -0.1], True):
+        with pytest.raises(ValueError, match="--sim-draft-share"):
+            DraftShare.parse(bad)  # type: ignore[arg-type]
+    assert per_request_shares([[1, 1, 1], [1, 4, 4, 4], [2]], Acceptance.parse(0.5), 2) == [
+        0.0,
+        1.0,  # 3 extra tokens a step, more than the 0.75 a draft brings on average: clipped
+    ]
+
+
+def test_bench_run_takes_per_request_shares_and_its_summary_gives_them(tmp_path: Path) -> None:
+    """The three doors' last: `bench run --engine sim --sim-draft-share 0,1` says so in
+    config.json, and the summary's per-request shares (from the records) show the split."""
+    ngram = {"method": "ngram", "num_speculative_tokens": 3}
+    rc, printed, out = sim_run(
+        tmp_path,
+        num_requests=12,
+        output_len="40",
+        speculative_config=json.dumps(ngram),
+        sim_acceptance="0.9,0.7,0.5",
+        sim_draft_share="0,1",
+    )
+    assert rc == 0, printed
+    sim = json.loads((out / "config.json").read_text())["engine"]["sim"]["speculation"]
+    assert sim["draft_share"] == {"mean": 0.5, "per_request": [0.0, 1.0]}
+    shares = json.loads((out / "summary.json").read_text())["telemetry"]
+    shares = shares["spec_draft_share_by_request"]
+    assert len(shares) == 12 and shares == sorted(shares)
+    assert 0.0 in shares and max(shares) > 0.7 and not [s for s in shares if 0 < s < 0.5]

@@ -19,7 +19,7 @@ from engine.model.cost import StepShape, matmul_params
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.lazy_decodes import LazyDecodes
-from engine.sim.speculation import Acceptance, SimProposer
+from engine.sim.speculation import Acceptance, DraftShare, SimProposer
 from engine.sim.step_time import (
     COST_SETTINGS,
     DTYPE_BYTES,
@@ -89,7 +89,7 @@ class SimEngine(LLMEngine):
         step_model: StepTimeModel,
         clock: VirtualClock,
         acceptance: Acceptance | None = None,
-        draft_share: float = 1.0,
+        draft_share: DraftShare | None = None,
     ) -> None:
         """acceptance: of draft tokens, with speculative decoding; draft_share: of decodes
         that get a draft (engine/sim/speculation.py)."""
@@ -118,7 +118,9 @@ class SimEngine(LLMEngine):
         self.runner = SimRunner(step_model, token)  # type: ignore[assignment]
         # What config.json says of the drafts (nothing without speculation).
         self.speculation = (
-            None if acceptance is None else acceptance.describe() | {"draft_share": draft_share}
+            None
+            if acceptance is None
+            else acceptance.describe() | {"draft_share": (draft_share or DraftShare()).describe()}
         )
         if spec is not None:
             assert acceptance is not None

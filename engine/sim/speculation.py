@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -76,9 +77,71 @@ def check_draft_share(share: Any) -> float:
     return float(share)
 
 
+@dataclass(frozen=True, slots=True)
+class DraftShare:
+    """The share of a request's decodes that get a draft: one for every request (0.6), or
+    several (0.1,0.9,1.0,...), of which each request takes one, always the same for it. An
+    n-gram proposer finds drafts in the requests whose reply repeats their prompt, not evenly:
+    one share makes every request equally fast, and the slowest requests (the TPOT p99) too
+    fast; per-request shares measured on a real run (`per_request_shares`) keep its spread."""
+
+    shares: tuple[float, ...] = (1.0,)
+
+    @classmethod
+    def parse(cls, value: float | str | Sequence[float] | None) -> DraftShare:
+        if value is None:
+            return cls()
+        if isinstance(value, str):
+            try:
+                items: list[Any] = [float(v) for v in value.split(",")]
+            except ValueError:
+                raise ValueError(
+                    f"--sim-draft-share {value!r}: a share of decodes (0.6), or per-request "
+                    "shares, comma-separated (0.1,0.9,1)"
+                ) from None
+        elif isinstance(value, (list, tuple)) and value:
+            items = list(value)
+        else:
+            items = [value]
+        return cls(tuple(check_draft_share(v) for v in items))
+
+    @property
+    def mean(self) -> float:
+        return sum(self.shares) / len(self.shares)
+
+    def of(self, request_id: str, seed: int) -> float:
+        """A request's share: drawn from `shares` by its id (and the run's seed)."""
+        if len(self.shares) == 1:
+            return self.shares[0]
+        return self.shares[zlib.crc32(f"{seed}:{request_id}".encode()) % len(self.shares)]
+
+    def describe(self) -> float | dict[str, Any]:
+        if len(self.shares) == 1:
+            return self.shares[0]
+        return {"mean": self.mean, "per_request": list(self.shares)}
+
+
+def per_request_shares(
+    chunk_tokens: Sequence[Sequence[int]], acceptance: Acceptance, k: int
+) -> list[float]:
+    """Each request's share of decodes given a draft, from its streamed chunks (one a step,
+    carrying 1 + the accepted draft tokens): (tokens a decode step - 1) / the mean accepted
+    tokens of a draft, clipped to [0, 1]; requests with fewer than two decode steps left out.
+    The inverse of what `SimProposer` does with a share, so a simulation given these
+    reproduces the real run's spread of per-request speeds."""
+    accepted = sum(acceptance.rates(k))
+    out = []
+    for tokens in chunk_tokens:
+        if len(tokens) < 3 or accepted <= 0:
+            continue
+        per_step = (sum(tokens) - tokens[0]) / (len(tokens) - 1)  # the first is the prefill's
+        out.append(round(min(1.0, max(0.0, (per_step - 1) / accepted)), 4))
+    return out
+
+
 class SimProposer:
     """Stands in for the config's proposer: a decoding request asked for a draft gets one
-    with probability `draft_share` (n-gram lookup finds no match for the rest; a draft model
+    with probability its `draft_share` (n-gram lookup finds no match for the rest; a draft model
     always proposes), as many tokens as it is allowed, all of them the simulated model's one
     token. A draft model's proposals cost `num_draft_layers / num_layers` of a
     decode step of the drafting requests, one per draft position (the real draft runs its
@@ -92,10 +155,11 @@ class SimProposer:
         token_id: int,
         step_time: Callable[[StepShape], float] | None = None,
         layer_share: float = 0.0,
-        draft_share: float = 1.0,
+        draft_share: DraftShare | None = None,
     ) -> None:
-        self.draft_share = check_draft_share(draft_share)
+        self.draft_share = draft_share or DraftShare()
         self.conditional = _conditional(acceptance.rates(k))
+        self.seed = seed
         self.rng = random.Random(seed)
         self.token_id = token_id
         self.step_time = step_time
@@ -103,7 +167,7 @@ class SimProposer:
         self.last_draft_s = 0.0  # the latest propose()'s drafting time
 
     def num_wanted(self, req: Request, k: int) -> int:
-        share = self.draft_share
+        share = self.draft_share.of(req.parent_id, self.seed)
         return k if share >= 1.0 or self.rng.random() < share else 0
 
     def propose(self, batch: list[tuple[Request, int]]) -> None:
