@@ -164,17 +164,19 @@ def main() -> None:
 def draft_share(real: dict[str, Any], folder: Path, how: str) -> str:
     """--sim-draft-share for a speculative scenario: the real run's overall share, or each
     request's (from its chunks, as its summary gives them; computed here for older runs)."""
-    if how == "single":
-        return f"{real['telemetry']['spec_draft_share']:.4f}"
-    shares = real["telemetry"].get("spec_draft_share_by_request")
+    t = real["telemetry"]
+    if how == "single" or t["spec_draft_share"] >= 1:  # a draft model: every decode drafts
+        return f"{t['spec_draft_share']:.4f}"
+    shares = t.get("spec_draft_share_by_request")
     if shares is None:
-        rates = real["telemetry"]["spec_acceptance_per_pos"]
+        rates = t["spec_acceptance_per_pos"]
         chunks = [
             r["chunk_tokens"]
             for line in (folder / "requests.jsonl").read_text().splitlines()
             if (r := json.loads(line))["status"] == "ok" and not r["warmup"]
         ]
-        shares = per_request_shares(chunks, Acceptance(per_pos=tuple(rates)), len(rates))
+        acceptance = Acceptance(per_pos=tuple(rates))
+        shares = per_request_shares(chunks, acceptance, len(rates), t["spec_draft_share"])
     return ",".join(f"{x:.4f}" for x in shares)
 
 

@@ -300,13 +300,13 @@ def draft_shares_by_request(summary: dict[str, Any], records: list[RequestRecord
     (engine/sim/speculation.per_request_shares; at most 100 quantiles): what
     `--sim-draft-share` takes to simulate this run's spread of per-request speeds."""
     t = summary.get("telemetry") or {}
-    rates = t.get("spec_acceptance_per_pos")
-    if not rates:
+    rates, share = t.get("spec_acceptance_per_pos"), t.get("spec_draft_share")
+    if not rates or (share is not None and share >= 1):  # a draft model: every decode drafts
         return
     from engine.sim.speculation import Acceptance, per_request_shares
 
     chunks = [r.chunk_tokens for r in records if r.ok and r.n == 1]
-    shares = per_request_shares(chunks, Acceptance(per_pos=tuple(rates)), len(rates))
+    shares = per_request_shares(chunks, Acceptance(per_pos=tuple(rates)), len(rates), share)
     if len(shares) > 100:
         shares = np.quantile(shares, (np.arange(100) + 0.5) / 100).round(4).tolist()
     if shares:

@@ -122,21 +122,24 @@ class DraftShare:
 
 
 def per_request_shares(
-    chunk_tokens: Sequence[Sequence[int]], acceptance: Acceptance, k: int
+    chunk_tokens: Sequence[Sequence[int]], acceptance: Acceptance, k: int, mean: float | None = None
 ) -> list[float]:
     """Each request's share of decodes given a draft, from its streamed chunks (one a step,
     carrying 1 + the accepted draft tokens): (tokens a decode step - 1) / the mean accepted
     tokens of a draft, clipped to [0, 1]; requests with fewer than two decode steps left out.
     The inverse of what `SimProposer` does with a share, so a simulation given these
-    reproduces the real run's spread of per-request speeds."""
+    reproduces the real run's spread of per-request speeds. `mean`: the run's overall share
+    where it was counted (our engine counts lookups): the shares are scaled to it first, as
+    a request's luck in acceptance would otherwise read as a share, and clipping at 1 would
+    bias their mean."""
     accepted = sum(acceptance.rates(k))
-    out = []
-    for tokens in chunk_tokens:
-        if len(tokens) < 3 or accepted <= 0:
-            continue
-        per_step = (sum(tokens) - tokens[0]) / (len(tokens) - 1)  # the first is the prefill's
-        out.append(round(min(1.0, max(0.0, (per_step - 1) / accepted)), 4))
-    return out
+    raw = [
+        ((sum(tokens) - tokens[0]) / (len(tokens) - 1) - 1) / accepted  # the first: prefill's
+        for tokens in chunk_tokens
+        if len(tokens) >= 3 and accepted > 0
+    ]
+    scale = mean / (sum(raw) / len(raw)) if mean is not None and raw and sum(raw) > 0 else 1.0
+    return [round(min(1.0, max(0.0, x * scale)), 4) for x in raw]
 
 
 class SimProposer:
