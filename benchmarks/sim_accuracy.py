@@ -98,10 +98,10 @@ def main() -> None:
     )
     ap.add_argument(
         "--draft-share",
-        choices=("per-request", "single"),
-        default="per-request",
+        choices=("single", "per-request"),
+        default="single",
         help="speculative scenarios: give the simulation the real run's share of decodes given "
-        "a draft per request (its spread), or one share for all",
+        "a draft, one for all, or per request (its spread; see the README for how each did)",
     )
     ap.add_argument(
         "--leave-one-out",

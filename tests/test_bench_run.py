@@ -330,6 +330,7 @@ def test_speculative_decoding_shows_its_acceptance_in_the_summary(
     assert sum(per_pos) * t["spec_drafts"] == pytest.approx(t["spec_accepted_tokens"])
     assert "accepted by draft position" in printed
     assert t["spec_draft_share"] == 1.0  # a draft model always proposes
+    assert "spec_draft_share_by_request" not in t  # so no request misses a draft
     assert summary["total_output_tokens"] == 12 * 24  # speculation changes no count
     assert "Spec decode acceptance rate" in printed
     assert summary["config"]["engine"]["speculative_config"]["num_speculative_tokens"] == 3

@@ -173,6 +173,13 @@ def test_draft_share_forms_and_their_checks() -> None:
         0.0,
         1.0,  # 3 extra tokens a step, more than the 0.75 a draft brings on average: clipped
     ]
+    # scaled to the run's counted share (of decode steps) first; one decode step is too
+    # few to tell: [1, 3] left out
+    alone = per_request_shares([[1, 2, 2, 2], [1, 3]], Acceptance.parse(0.5), 2, 0.5)
+    assert alone == [0.5]
+    # raw 4/3 (3 steps) and 8/3 (2 steps): 28/3 over 5 steps; scale 0.5 * 5 / (28/3) = 15/56
+    both = per_request_shares([[1, 2, 2, 2], [1, 3, 3]], Acceptance.parse(0.5), 2, 0.5)
+    assert both == pytest.approx([4 / 3 * 15 / 56, 8 / 3 * 15 / 56], abs=1e-4)
 
 
 def test_bench_run_takes_per_request_shares_and_its_summary_gives_them(tmp_path: Path) -> None:

@@ -129,16 +129,20 @@ def per_request_shares(
     tokens of a draft, clipped to [0, 1]; requests with fewer than two decode steps left out.
     The inverse of what `SimProposer` does with a share, so a simulation given these
     reproduces the real run's spread of per-request speeds. `mean`: the run's overall share
-    where it was counted (our engine counts lookups): the shares are scaled to it first, as
-    a request's luck in acceptance would otherwise read as a share, and clipping at 1 would
-    bias their mean."""
+    where it was counted (our engine counts lookups, one a decode step): the shares are
+    scaled so that their mean over decode steps is it, as a request's luck in acceptance
+    would otherwise read as a share, and clipping at 1 would bias them."""
     accepted = sum(acceptance.rates(k))
+    if accepted <= 0:
+        return []
+    steps = [len(tokens) - 1 for tokens in chunk_tokens if len(tokens) >= 3]  # decode steps
     raw = [
         ((sum(tokens) - tokens[0]) / (len(tokens) - 1) - 1) / accepted  # the first: prefill's
         for tokens in chunk_tokens
-        if len(tokens) >= 3 and accepted > 0
+        if len(tokens) >= 3
     ]
-    scale = mean / (sum(raw) / len(raw)) if mean is not None and raw and sum(raw) > 0 else 1.0
+    by_step = sum(x * n for x, n in zip(raw, steps, strict=True))
+    scale = mean * sum(steps) / by_step if mean is not None and by_step > 0 else 1.0
     return [round(min(1.0, max(0.0, x * scale)), 4) for x in raw]
 
 
