@@ -82,8 +82,8 @@ class DraftShare:
     """The share of a request's decodes that get a draft: one for every request (0.6), or
     several (0.1,0.9,1.0,...), of which each request takes one, always the same for it. An
     n-gram proposer finds drafts in the requests whose reply repeats their prompt, not evenly:
-    one share makes every request equally fast, and the slowest requests (the TPOT p99) too
-    fast; per-request shares measured on a real run (`per_request_shares`) keep its spread."""
+    one share makes every request about equally fast; per-request shares measured on a real
+    run (`per_request_shares`) keep its spread of tokens a step (README: how close each came)."""
 
     shares: tuple[float, ...] = (1.0,)
 
