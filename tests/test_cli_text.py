@@ -84,3 +84,11 @@ def test_every_engine_argument_is_a_flag(command: str) -> None:
     text = help_text(command)
     missing = [a for a in engine_arg_names() if f"--{a.replace('_', '-')}" not in text]
     assert not missing, f"bench {command} lacks {missing}"
+
+
+def test_latency_cells_show_no_negative_zero() -> None:
+    """A virtual clock's schedule lag is ~1e-13 s below zero: 0.00, not -0.00; a real
+    negative lag still shows its sign."""
+    from bench_cli.tables import _ms
+
+    assert _ms(-1e-16) == "0.00" and _ms(-0.0005) == "-0.50" and _ms(0.0123) == "12.3"
