@@ -91,11 +91,9 @@ def run_one(
 ) -> dict[str, Any]:
     """Plan, start the target, connect, measure (loadgen's three steps), then write the
     results (and report.html); the summary."""
-    if cfg.engine_kind != "sim":
-        return _run_one(cfg, out_dir, dashboard, console, report)
     from loadgen.virtual_loop import fewer_gc_scans
 
-    with fewer_gc_scans():
+    with fewer_gc_scans() if cfg.engine_kind == "sim" else contextlib.nullcontext():
         return _run_one(cfg, out_dir, dashboard, console, report)
 
 

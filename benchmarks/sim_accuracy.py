@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.sim.speculation import Acceptance, per_request_shares
+from loadgen.benchmark import draft_shares_by_request
+from loadgen.records import read_records
 
 # name -> bench run flags (over the common load below); the calibration load is another one.
 SCENARIOS: dict[str, list[str]] = {
@@ -163,20 +164,14 @@ def main() -> None:
 
 def draft_share(real: dict[str, Any], folder: Path, how: str) -> str:
     """--sim-draft-share for a speculative scenario: the real run's overall share, or each
-    request's (from its chunks, as its summary gives them; computed here for older runs)."""
+    request's (its summary's; worked out from its records for runs older than that field)."""
     t = real["telemetry"]
-    if how == "single" or t["spec_draft_share"] >= 1:  # a draft model: every decode drafts
+    if how == "per-request" and "spec_draft_share_by_request" not in t:
+        measured = [r for r in read_records(folder / "requests.jsonl") if not r.warmup]
+        draft_shares_by_request(real, measured)
+    shares = t.get("spec_draft_share_by_request") if how == "per-request" else None
+    if shares is None:  # one share, or a draft model (every decode drafts)
         return f"{t['spec_draft_share']:.4f}"
-    shares = t.get("spec_draft_share_by_request")
-    if shares is None:
-        rates = t["spec_acceptance_per_pos"]
-        chunks = [
-            r["chunk_tokens"]
-            for line in (folder / "requests.jsonl").read_text().splitlines()
-            if (r := json.loads(line))["status"] == "ok" and not r["warmup"]
-        ]
-        acceptance = Acceptance(per_pos=tuple(rates))
-        shares = per_request_shares(chunks, acceptance, len(rates), t["spec_draft_share"])
     return ",".join(f"{x:.4f}" for x in shares)
 
 

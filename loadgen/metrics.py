@@ -97,11 +97,10 @@ class SLO:
         return {k: v for k, v in (("ttft", self.ttft), ("tpot", self.tpot), ("e2e", self.e2e)) if v}
 
     def met(self, ttft: float, tpot: float | None, e2e: float) -> bool:
-        return (
-            (self.ttft is None or ttft <= self.ttft)
-            and (self.tpot is None or tpot is None or tpot <= self.tpot)
-            and (self.e2e is None or e2e <= self.e2e)
+        one = self.met_all(
+            np.array([ttft]), np.array([np.nan if tpot is None else tpot]), np.array([e2e])
         )
+        return bool(one[0])
 
     def met_all(self, ttft: np.ndarray, tpot: np.ndarray, e2e: np.ndarray) -> np.ndarray:
         """`met` of many requests at once; tpot NaN where a request has none."""
@@ -152,10 +151,11 @@ def summarize(
             for gap, k in r.gaps():
                 itl_tok.extend([gap / k] * k)
     # a user behind a cap sees TTFT and E2E with the queue wait
-    met = slo.met_all(ttft + queue, tpot_or_nan, e2e + queue)
+    ttft_queue, e2e_queue = ttft + queue, e2e + queue
+    met = slo.met_all(ttft_queue, tpot_or_nan, e2e_queue)
     for name, class_slo in class_slos.items():
         mine = np.fromiter((r.cls == name for r in ok), bool, n)
-        met[mine] = class_slo.met_all(ttft + queue, tpot_or_nan, e2e + queue)[mine]
+        met[mine] = class_slo.met_all(ttft_queue, tpot_or_nan, e2e_queue)[mine]
     good = int(met.sum())
     lags = [lag for r in measured if (lag := r.schedule_lag_s) is not None]
     out_tokens = sum(r.output_tokens for r in ok)
@@ -168,8 +168,8 @@ def summarize(
         "tpot_s": distribution(tpot),
         "e2e_s": distribution(e2e),
         "queue_s": distribution(queue),
-        "ttft_with_queue_s": distribution(ttft + queue),
-        "e2e_with_queue_s": distribution(e2e + queue),
+        "ttft_with_queue_s": distribution(ttft_queue),
+        "e2e_with_queue_s": distribution(e2e_queue),
         "schedule_lag_s": distribution(lags),
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,

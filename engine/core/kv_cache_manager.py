@@ -13,7 +13,6 @@ engine's, the same for every block)."""
 from __future__ import annotations
 
 import array
-import hashlib
 from hashlib import blake2b
 
 from engine.core.block_pool import BlockHash, BlockPool
@@ -26,8 +25,16 @@ def cdiv(a: int, b: int) -> int:
 def hash_block(parent: BlockHash | None, tokens: list[int]) -> BlockHash:
     """A 128-bit digest: a collision would silently serve another prompt's KV, so no 64-bit
     Python hash (vLLM moved to sha256 for the same reason)."""
-    h = hashlib.blake2b(parent or b"", digest_size=16)
-    h.update(array.array("q", tokens).tobytes())  # int64, native order, as numpy's
+    return _digest(parent or b"", _token_bytes(tokens))
+
+
+def _token_bytes(tokens: list[int]) -> bytes:
+    return array.array("q", tokens).tobytes()  # int64, native order, as numpy's
+
+
+def _digest(parent: bytes, token_bytes: bytes) -> BlockHash:
+    h = blake2b(parent, digest_size=16)
+    h.update(token_bytes)
     return h.digest()
 
 
@@ -74,14 +81,12 @@ class KVCacheManager:
         extended as its tokens grow)."""
         hashes = self._hashes.setdefault(request_id, [])
         done = len(hashes)
-        if done < num_blocks:  # the new blocks' tokens as bytes at once: hash_block's, chained
+        if done < num_blocks:  # hash_block's, chained, the new blocks' tokens as bytes at once
             bs, width = self.block_size, self.block_size * 8
-            data = array.array("q", token_ids[done * bs : num_blocks * bs]).tobytes()
+            data = _token_bytes(token_ids[done * bs : num_blocks * bs])
             parent = hashes[-1] if hashes else b""
             for start in range(0, len(data), width):
-                parent = blake2b(parent, digest_size=16)
-                parent.update(data[start : start + width])
-                parent = parent.digest()
+                parent = _digest(parent, data[start : start + width])
                 hashes.append(parent)
         return hashes[:num_blocks]
 

@@ -135,12 +135,9 @@ def per_request_shares(
     accepted = sum(acceptance.rates(k))
     if accepted <= 0:
         return []
-    steps = [len(tokens) - 1 for tokens in chunk_tokens if len(tokens) >= 3]  # decode steps
-    raw = [
-        ((sum(tokens) - tokens[0]) / (len(tokens) - 1) - 1) / accepted  # the first: prefill's
-        for tokens in chunk_tokens
-        if len(tokens) >= 3
-    ]
+    decoding = [tokens for tokens in chunk_tokens if len(tokens) >= 3]
+    steps = [len(tokens) - 1 for tokens in decoding]  # the first chunk is the prefill's
+    raw = [((sum(t) - t[0]) / n - 1) / accepted for t, n in zip(decoding, steps, strict=True)]
     by_step = sum(x * n for x, n in zip(raw, steps, strict=True))
     scale = mean * sum(steps) / by_step if mean is not None and by_step > 0 else 1.0
     return [round(min(1.0, max(0.0, x * scale)), 4) for x in raw]
