@@ -338,7 +338,8 @@ async def run_benchmark(
 ) -> tuple[dict[str, Any], RunOutcome]:
     """Run the plan; Ctrl-C stops sending, cancels what is in flight and still summarizes
     every request that finished."""
-    writer = RecordWriter(out_dir / "requests.jsonl")
+    # A simulation's records share their token times: it formats each once (TimeTexts)
+    writer = RecordWriter(out_dir / "requests.jsonl", getattr(backend, "time_texts", None))
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
     times = {"clock": clock.time} if clock is not None else {}
     runner = LoadRunner(backend, built.plan, writer.write, cfg.name, **times)

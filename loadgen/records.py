@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
@@ -88,9 +88,10 @@ class RequestRecord:
         """Output tokens of one completion (of n): what TPOT divides by."""
         return self.output_tokens / max(self.n, 1)
 
-    def to_json(self) -> str:
+    def to_json(self, time_texts: Mapping[float, str] | None = None) -> str:
         """One line; token times to the microsecond (%.6f: a third of the time JSON's shortest
-        round-trip repr takes, and a simulated hour writes ~50 million of them)."""
+        round-trip repr takes, and a simulated hour writes ~50 million of them). time_texts:
+        times already formatted, where many records share them (`TimeTexts`)."""
         d = {name: getattr(self, name) for name in _FIELDS}  # asdict deep-copies: slow
         if math.isnan(self.scheduled_s):
             d["scheduled_s"] = None
@@ -98,8 +99,8 @@ class RequestRecord:
         n = len(tokens)
         tokens_text = _ones(n) if tokens.count(1) == n else json.dumps(tokens).replace(" ", "")
         return (
-            f'{{"chunk_s":{_micros(len(times)) % tuple(times)},"chunk_tokens":{tokens_text},'
-            + json.dumps(d, separators=(",", ":"))[1:]
+            f'{{"chunk_s":{_times_text(times, time_texts)},"chunk_tokens":{tokens_text},'
+            + _compact.encode(d)[1:]
         )
 
     @classmethod
@@ -158,6 +159,29 @@ class TokenTimes:
 _NAMES = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 
 
+class TimeTexts(dict[float, str]):
+    """Token times written once, for records that share them: a simulated run stamps every
+    running request's token at the same step ends, so an hour's ~50 million times are ~180,000
+    values (formatting each once saves most of the writing)."""
+
+    def add(self, t: float) -> None:
+        if t not in self:
+            self[t] = f"{t:.6f}"
+
+
+def _times_text(times: list[float], texts: Mapping[float, str] | None) -> str:
+    """`times` as a JSON list to the microsecond: the same text with or without `texts`."""
+    if texts is not None:
+        try:
+            return "[" + ",".join(map(texts.__getitem__, times)) + "]"
+        except KeyError:  # one not among them: format the lot
+            pass
+    return _micros(len(times)) % tuple(times)
+
+
+_compact = json.JSONEncoder(separators=(",", ":"))
+
+
 @functools.cache
 def _micros(n: int) -> str:
     """The format of a JSON list of n times to the microsecond."""
@@ -180,13 +204,15 @@ class RecordWriter:
 
     FLUSH_S = 0.05
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, time_texts: TimeTexts | None = None) -> None:
+        """time_texts: token times formatted beforehand (a simulated engine's step ends)."""
         self.path = path
         self._f: TextIO = path.open("a", encoding="utf-8")
         self._flush_pending = False
+        self.time_texts = time_texts
 
     def write(self, rec: RequestRecord) -> None:
-        self._f.write(rec.to_json() + "\n")
+        self._f.write(rec.to_json(self.time_texts) + "\n")
         if self._flush_pending:
             return
         try:

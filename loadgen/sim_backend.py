@@ -16,7 +16,7 @@ from engine.core.request import Request, SamplingParams
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.sim_engine import Progress, SimEngine
-from loadgen.records import RequestRecord
+from loadgen.records import RequestRecord, TimeTexts
 from loadgen.workload import PromptBuilder, RequestSpec
 
 
@@ -56,6 +56,7 @@ class SimBackend:
         self._words: tuple[dict[str, int], np.ndarray, list[int]] | None = None
         self._checks = 3
         self._stamps: dict[float, list[float]] = {}  # t0 -> group steps' ends - t0
+        self.time_texts = TimeTexts()  # every stamp's text, for the records' JSON lines
         if self.fast_forward:
             engine.lazy_decodes(self._stamp)
 
@@ -219,12 +220,16 @@ class SimBackend:
             stamps = by_t0.get(t0)
             if stamps is None:
                 stamps = by_t0[t0] = [t - t0 for t in ends]
+                for t in stamps:
+                    self.time_texts.add(t)
             rec.chunk_s += stamps
             rec.chunk_tokens += [1] * k
         for parent, indices in children.items():  # step by step, as their outputs come
             pending = self._pending[parent]
             rec, c = pending.rec, len(indices)
             rec.chunk_s += [t - pending.t0 for t in ends for _ in range(c)]
+            for t in ends:
+                self.time_texts.add(t - pending.t0)
             rec.chunk_tokens += [1] * (k * c)
             rec.chunk_choice += indices * k
         await asyncio.sleep(ends[-1] - self.clock.now)
@@ -242,7 +247,10 @@ class SimBackend:
             stamps = self._stamps[t0] = []
         if len(stamps) < stop:
             ends = self.engine.lazy.ends  # type: ignore[union-attr]
-            stamps += [t - t0 for t in ends[len(stamps) : stop]]
+            new = [t - t0 for t in ends[len(stamps) : stop]]
+            stamps += new
+            for t in new:
+                self.time_texts.add(t)
         rec.chunk_s += stamps[first:stop]
         rec.chunk_tokens += [1] * (stop - first)
 
@@ -255,7 +263,9 @@ class SimBackend:
                 continue
             rec = pending.rec
             if out.new_token_ids:
-                rec.chunk_s.append(now - pending.t0)
+                t = now - pending.t0
+                rec.chunk_s.append(t)
+                self.time_texts.add(t)
                 rec.chunk_tokens.append(len(out.new_token_ids))
                 if rec.n > 1:
                     index = out.index if type(out) is Progress else out.outputs[0].index

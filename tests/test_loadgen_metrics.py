@@ -15,7 +15,7 @@ from aiohttp import web
 
 from loadgen.backends import OpenAIBackend
 from loadgen.metrics import DISTRIBUTIONS, SLO, STATS, distribution, summarize
-from loadgen.records import RecordWriter, RequestRecord, TokenTimes, read_records
+from loadgen.records import RecordWriter, RequestRecord, TimeTexts, TokenTimes, read_records
 from loadgen.workload import RequestSpec
 
 
@@ -106,6 +106,20 @@ def test_records_round_trip_through_jsonl(tmp_path: Path) -> None:
     writer.close()
     assert back[0] == a
     assert back[1].status == "cancelled" and math.isnan(back[1].scheduled_s)
+
+
+def test_preformatted_times_write_the_same_line() -> None:
+    """TimeTexts (a simulation's shared step ends) change how a line is made, never what."""
+    times = [0.1, 1 / 3, 2.0000004, 12345.6789]
+    r = rec(0, 0.0, times, 4)
+    texts = TimeTexts()
+    for t in times:
+        texts.add(t)
+    assert texts[1 / 3] == "0.333333" and texts[2.0000004] == "2.000000"
+    assert r.to_json(texts) == r.to_json()
+    del texts[2.0000004]  # a time it does not hold: the whole list formatted as usual
+    assert r.to_json(texts) == r.to_json()
+    assert json.loads(r.to_json())["chunk_s"] == [0.1, 0.333333, 2.0, 12345.6789]
 
 
 def test_peak_concurrency_counts_completed_requests_in_flight_over_send_to_end() -> None:
