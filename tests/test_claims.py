@@ -173,6 +173,28 @@ def test_simulated_claims_run_in_seconds_and_say_so(tmp_path: Path) -> None:
     assert code == 2 and "simulation" in printed
 
 
+def test_tensor_parallelism_is_shown_on_simulated_gpus(tmp_path: Path) -> None:
+    """7d: Llama-3.1-70B refused on 1 and 2 simulated H100s (as `bench run --engine sim`
+    refuses it), served on 4, and faster on 8."""
+    out = tmp_path / "claims"
+    sim = SimFlags("sim", "h100", "roofline")
+    code, printed = claims(tmp_path, only="7d", out=str(out), sim=sim)
+    assert code == 0, printed
+    found = json.loads((out / "claims.json").read_text())["findings"]["7d"]
+    assert found["verdict"] == HOLDS, found
+    fit = found["figures"]["fit"]
+    assert fit["model"] == "meta-llama/Llama-3.1-70B" and fit["fewest_devices"] == 4
+    assert len(fit["refused"]) == 2 and all("do not fit" in r for r in fit["refused"])
+    assert found["figures"]["tp4"]["completed"] == 8 and found["figures"]["tpot_factor"] > 1.3
+    for config in (out / "7d-tensor-parallel" / "sweep").glob("p*/config.json"):
+        engine = json.loads(config.read_text())["engine"]
+        assert engine["simulated"] and engine["tensor_parallel_size"] in (4, 8)
+    code, printed = claims(tmp_path, only="7d", out=str(tmp_path / "real"))  # no simulation
+    record = json.loads((tmp_path / "real" / "claims.json").read_text())
+    assert code == 0 and record["findings"]["7d"]["verdict"] == UNMEASURABLE
+    assert "--engine sim" in record["findings"]["7d"]["why"]
+
+
 def test_claims_about_engine_settings_are_not_measured_against_a_server(tmp_path: Path) -> None:
     out = tmp_path / "claims"
     code, printed = claims(tmp_path, only="1,7d", base_url="http://127.0.0.1:9", out=str(out))
@@ -207,7 +229,7 @@ def test_quick_measures_every_claim_the_engine_has(quick: tuple[Path, int, str])
     for claim in CLAIMS:
         found = record["findings"][claim.id]
         assert found["verdict"] in VERDICTS
-        if claim.missing:
+        if claim.missing or claim.only_simulated:
             assert found["verdict"] == UNMEASURABLE
             continue
         assert found["verdict"] != UNMEASURABLE, (claim.id, found)

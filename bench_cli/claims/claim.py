@@ -115,6 +115,7 @@ class Claim:
     measure: Callable[[Scale], dict[str, Any]] | None = None
     missing: str | None = None  # the engine feature it needs is not there yet: why
     not_simulated: str | None = None  # why a simulated engine cannot show it (None: it can)
+    only_simulated: str | None = None  # why only a simulation can show it here
     about_server: bool = False  # measurable against --base-url (else it sets engine settings)
     minutes: tuple[float, float] = (0.3, 3.0)  # expected duration, quick and full, 2-core CPU
     notes: list[str] = field(default_factory=list)

@@ -129,6 +129,8 @@ class SimFlags:
 def _runs(claim: Claim, scale: Scale) -> bool:
     if scale.sim is not None and claim.not_simulated:
         return False
+    if scale.sim is None and claim.only_simulated:
+        return False
     return claim.missing is None and (scale.base_url is None or claim.about_server)
 
 
@@ -180,6 +182,8 @@ def _run_claim(
         return unmeasurable(claim.missing)
     if scale.sim is not None and claim.not_simulated:
         return unmeasurable(f"not simulated: {claim.not_simulated}")
+    if scale.sim is None and claim.only_simulated:
+        return unmeasurable(f"{claim.only_simulated} (--engine sim simulates it)")
     if scale.base_url and not claim.about_server:
         return unmeasurable("it sets engine settings: run it on the bundled engine (no --base-url)")
     assert claim.sweep is not None and claim.judge is not None
