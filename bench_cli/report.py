@@ -39,11 +39,12 @@ def _cdf(fig: Figure, values: Sequence[float], name: str, row: int, col: int, **
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, **line), row=row, col=col)
 
 
-def _latencies(ok: list[RequestRecord]) -> dict[str, Sequence[float]]:
-    """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests."""
+def _latencies(ok: list[RequestRecord], chunks: TokenTimes) -> dict[str, Sequence[float]]:
+    """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests
+    (`chunks`: theirs)."""
     return {
         "TTFT": [r.first_chunk_s - r.send_s for r in ok],  # type: ignore[operator]
-        "ITL": TokenTimes.of(ok).gaps(ok),
+        "ITL": chunks.gaps(ok),
         "TPOT": [
             (r.end_s - r.first_chunk_s) / (r.tokens_per_sequence - 1)  # type: ignore[operator]
             for r in ok
@@ -53,16 +54,23 @@ def _latencies(ok: list[RequestRecord]) -> dict[str, Sequence[float]]:
     }
 
 
-def latency_figure(records: list[RequestRecord]) -> Figure:
-    """One CDF per latency; with traffic classes, one line per class in each (a legend)."""
-    ok = [r for r in records if r.ok and not r.warmup]
+def finished(records: list[RequestRecord]) -> list[RequestRecord]:
+    """The measured requests that succeeded: what the latency and throughput figures draw."""
+    return [r for r in records if r.ok and not r.warmup]
+
+
+def latency_figure(records: list[RequestRecord], chunks: TokenTimes | None = None) -> Figure:
+    """One CDF per latency; with traffic classes, one line per class in each (a legend).
+    chunks: the finished requests' (`finished`), where the caller has them already."""
+    ok = finished(records)
     fig = make_subplots(rows=2, cols=2, subplot_titles=("TTFT", "ITL", "TPOT", "E2E latency"))
     classes = list(dict.fromkeys(r.cls for r in ok if r.cls is not None))
     groups = {c: [r for r in ok if r.cls == c] for c in classes} if classes else {"": ok}
     colours = setting_colours(groups)
     places = {"TTFT": (1, 1), "ITL": (1, 2), "TPOT": (2, 1), "E2E": (2, 2)}
     for group, members in groups.items():
-        for j, (name, values) in enumerate(_latencies(members).items()):
+        whole = chunks if chunks is not None and members is ok else TokenTimes.of(members)
+        for j, (name, values) in enumerate(_latencies(members, whole).items()):
             row, col = places[name]
             line = {"line": {"color": colours[group]}, "legendgroup": group}
             _cdf(fig, values, group or name, row, col, showlegend=bool(classes) and j == 0, **line)
@@ -125,10 +133,12 @@ def timeline_figure(records: list[RequestRecord]) -> Figure:
     return fig
 
 
-def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | None) -> Figure:
+def throughput_figure(
+    records: list[RequestRecord], timeline: pd.DataFrame | None, chunks: TokenTimes | None = None
+) -> Figure:
     """Output tokens per second in 1 s bins, requests in flight, then the telemetry with one
     row (one y axis) per unit: RSS in MB beside CPU % on one axis made every line but RSS flat."""
-    ok = [r for r in records if r.ok and not r.warmup]
+    ok = finished(records)
     axes: dict[str, list[str]] = {}  # axis title -> columns drawn on it
     if timeline is not None:
         for col in timeline.columns:
@@ -139,7 +149,7 @@ def throughput_figure(records: list[RequestRecord], timeline: pd.DataFrame | Non
         rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.04
     )
     if ok:
-        chunks = TokenTimes.of(ok)
+        chunks = chunks if chunks is not None else TokenTimes.of(ok)
         end = max(r.end_s or 0 for r in ok)
         bins = np.arange(0, end + 1.0, 1.0)
         counts, edges = np.histogram(chunks.times, bins=bins, weights=chunks.tokens)
@@ -538,7 +548,12 @@ def run_report(run: Path, embed: bool = True, records: list[RequestRecord] | Non
     if records is None:
         records = read_records(run / "requests.jsonl")
     timeline = pd.read_csv(run / "timeline.csv") if (run / "timeline.csv").is_file() else None
-    figs = [latency_figure(records), timeline_figure(records), throughput_figure(records, timeline)]
+    chunks = TokenTimes.of(finished(records))  # an hour's 46 M token times: gathered once
+    figs = [
+        latency_figure(records, chunks),
+        timeline_figure(records),
+        throughput_figure(records, timeline, chunks),
+    ]
     steps_file = run / "steps.jsonl"
     peak = summary.get("config", {}).get("device_peak")
     utilization = ""

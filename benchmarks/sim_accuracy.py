@@ -54,6 +54,7 @@ SCENARIOS: dict[str, list[str]] = {
 # gives the real engine's mean queueing delay (arrival to first step): where requests wait
 # long (static batches wait for the running batch), any step-time error is amplified.
 COMMON = ["--input-len", "uniform:32:256", "--output-len", "uniform:16:96", "--seed", "11"]
+AGAIN = ", real again"  # the row of a scenario's second real run against its first
 METRICS = [  # (label, summary key, stat)
     ("TTFT mean", "ttft_s", "mean"),
     ("TTFT p99", "ttft_s", "p99"),
@@ -105,6 +106,12 @@ def main() -> None:
         "a draft, one for all, or per request (its spread; see the README for how each did)",
     )
     ap.add_argument(
+        "--repeat-real",
+        action="store_true",
+        help="run each real load twice and add a row of the second against the first: the "
+        "machine's own run-to-run spread, which no simulation can be expected to beat",
+    )
+    ap.add_argument(
         "--leave-one-out",
         action="store_true",
         help="calibrate each scenario's simulation on the other scenarios' real runs (bench "
@@ -147,19 +154,33 @@ def main() -> None:
             sim_flags += ["--sim-acceptance", ",".join(f"{r:.4f}" for r in rates)]
             sim_flags += ["--sim-draft-share", draft_share(real, real_dir, args.draft_share)]
         sim = bench(sim_flags, sim_dir)
-        errors = {}
-        for label, key, stat in METRICS:
-            r, s = value(real, key, stat), value(sim, key, stat)
-            errors[label] = (s - r) / r if r else float("nan")
-        real_e2e, sim_e2e = e2e_by_request(real_dir), e2e_by_request(sim_dir)
-        common = sorted(set(real_e2e) & set(sim_e2e))
-        per_req = [abs(sim_e2e[k] / real_e2e[k] - 1) for k in common]
-        errors["E2E per request (mean |err|)"] = float(np.mean(per_req)) if per_req else np.nan
         real["queue_ms"] = queue_ms(real_dir)
-        rows.append((name, real, sim, errors))
-        print(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items()), flush=True)
+        rows.append((name, real, sim, compare(real, sim, real_dir, sim_dir)))
+        print(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in rows[-1][3].items()), flush=True)
+        if args.repeat_real:  # the same load and seeds on the real engine again
+            again_dir = root / f"{slug}-real-again"
+            if not (args.reuse_real and (again_dir / "summary.json").is_file()):
+                bench([*base, *COMMON, *flags], again_dir)
+            again = json.loads((again_dir / "summary.json").read_text())
+            rows.append((name + AGAIN, real, again, compare(real, again, real_dir, again_dir)))
+            print(f"{rows[-1][0]}: " + ", ".join(f"{k} {v:+.1%}" for k, v in rows[-1][3].items()))
     print_table(rows)
     print(f"runs: {root}")
+
+
+def compare(
+    real: dict[str, Any], other: dict[str, Any], real_dir: Path, other_dir: Path
+) -> dict[str, float]:
+    """Each metric's relative error of `other` against `real`, and per request E2E's."""
+    errors = {}
+    for label, key, stat in METRICS:
+        r, s = value(real, key, stat), value(other, key, stat)
+        errors[label] = (s - r) / r if r else float("nan")
+    real_e2e, other_e2e = e2e_by_request(real_dir), e2e_by_request(other_dir)
+    common = sorted(set(real_e2e) & set(other_e2e))
+    per_req = [abs(other_e2e[k] / real_e2e[k] - 1) for k in common]
+    errors["E2E per request (mean |err|)"] = float(np.mean(per_req)) if per_req else np.nan
+    return errors
 
 
 def draft_share(real: dict[str, Any], folder: Path, how: str) -> str:
@@ -194,11 +215,18 @@ def print_table(rows: list[tuple[str, dict, dict, dict[str, float]]]) -> None:
             cells.append(f"{r * scale:.0f} / {s * scale:.0f} ({errors[label]:+.0%})")
         cells.append(f"{errors['E2E per request (mean |err|)']:.0%}")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    print("(real / simulated, ms or tok/s, (simulated - real) / real)")
+    print("(real / simulated, ms or tok/s, (simulated - real) / real; a 'real again' row: first")
+    print(" real run / second real run of the same load and seeds)")
+    again = [name.endswith(AGAIN) for name, *_ in rows]
     for label in labels:
-        vals = [abs(e[label]) for *_, e in rows]
-        if vals:
-            print(f"  {label}: mean |error| {np.mean(vals):.1%}, worst {max(vals):.1%}")
+        sims = [abs(e[label]) for (*_, e), a in zip(rows, again, strict=True) if not a]
+        reals = [abs(e[label]) for (*_, e), a in zip(rows, again, strict=True) if a]
+        line = f"  {label}:"
+        if sims:
+            line += f" simulated mean |error| {np.mean(sims):.1%}, worst {max(sims):.1%}"
+        if reals:
+            line += f"; real run to run mean {np.mean(reals):.1%}, worst {max(reals):.1%}"
+        print(line)
 
 
 if __name__ == "__main__":
