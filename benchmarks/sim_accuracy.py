@@ -5,6 +5,7 @@ simulation with the same seeds, and print the error of each metric. Real runs ta
 each: run it alone on a quiet machine.
 
     python benchmarks/sim_accuracy.py [--profile PATH] [--num-requests 60] [--only NAME,...]
+    python benchmarks/sim_accuracy.py --repeat-real ...   # each real load twice: its own spread
 """
 
 from __future__ import annotations
