@@ -39,12 +39,14 @@ def _cdf(fig: Figure, values: Sequence[float], name: str, row: int, col: int, **
     fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, **line), row=row, col=col)
 
 
-def _latencies(ok: list[RequestRecord], chunks: TokenTimes) -> dict[str, Sequence[float]]:
+def _latencies(
+    ok: list[RequestRecord], itl: np.ndarray | None = None
+) -> dict[str, Sequence[float]]:
     """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests
-    (`chunks`: theirs)."""
+    (itl: their pooled ITLs, where the caller has them)."""
     return {
         "TTFT": [r.first_chunk_s - r.send_s for r in ok],  # type: ignore[operator]
-        "ITL": chunks.gaps(ok),
+        "ITL": itl if itl is not None else TokenTimes.of(ok).gaps(ok),
         "TPOT": [
             (r.end_s - r.first_chunk_s) / (r.tokens_per_sequence - 1)  # type: ignore[operator]
             for r in ok
@@ -59,9 +61,9 @@ def finished(records: list[RequestRecord]) -> list[RequestRecord]:
     return [r for r in records if r.ok and not r.warmup]
 
 
-def latency_figure(records: list[RequestRecord], chunks: TokenTimes | None = None) -> Figure:
+def latency_figure(records: list[RequestRecord], itl: np.ndarray | None = None) -> Figure:
     """One CDF per latency; with traffic classes, one line per class in each (a legend).
-    chunks: the finished requests' (`finished`), where the caller has them already."""
+    itl: the pooled ITLs of the finished requests (`finished`), where the caller has them."""
     ok = finished(records)
     fig = make_subplots(rows=2, cols=2, subplot_titles=("TTFT", "ITL", "TPOT", "E2E latency"))
     classes = list(dict.fromkeys(r.cls for r in ok if r.cls is not None))
@@ -69,8 +71,8 @@ def latency_figure(records: list[RequestRecord], chunks: TokenTimes | None = Non
     colours = setting_colours(groups)
     places = {"TTFT": (1, 1), "ITL": (1, 2), "TPOT": (2, 1), "E2E": (2, 2)}
     for group, members in groups.items():
-        whole = chunks if chunks is not None and members is ok else TokenTimes.of(members)
-        for j, (name, values) in enumerate(_latencies(members, whole).items()):
+        latencies = _latencies(members, itl if members is ok else None)
+        for j, (name, values) in enumerate(latencies.items()):
             row, col = places[name]
             line = {"line": {"color": colours[group]}, "legendgroup": group}
             _cdf(fig, values, group or name, row, col, showlegend=bool(classes) and j == 0, **line)
@@ -548,12 +550,12 @@ def run_report(run: Path, embed: bool = True, records: list[RequestRecord] | Non
     if records is None:
         records = read_records(run / "requests.jsonl")
     timeline = pd.read_csv(run / "timeline.csv") if (run / "timeline.csv").is_file() else None
-    chunks = TokenTimes.of(finished(records))  # an hour's 46 M token times: gathered once
-    figs = [
-        latency_figure(records, chunks),
-        timeline_figure(records),
-        throughput_figure(records, timeline, chunks),
-    ]
+    ok = finished(records)
+    chunks = TokenTimes.of(ok)  # an hour's 46 M token times: gathered once for two figures
+    itl = chunks.gaps(ok)
+    throughput = throughput_figure(records, timeline, chunks)
+    del chunks  # 8 bytes a token: not held while the latency CDFs sort their copies
+    figs = [latency_figure(records, itl), timeline_figure(records), throughput]
     steps_file = run / "steps.jsonl"
     peak = summary.get("config", {}).get("device_peak")
     utilization = ""
