@@ -91,9 +91,9 @@ def run_one(
 ) -> dict[str, Any]:
     """Plan, start the target, connect, measure (loadgen's three steps), then write the
     results (and report.html); the summary."""
-    from loadgen.virtual_loop import fewer_gc_scans
+    from loadgen.virtual_loop import without_cyclic_gc
 
-    with fewer_gc_scans() if cfg.engine_kind == "sim" else contextlib.nullcontext():
+    with without_cyclic_gc() if cfg.engine_kind == "sim" else contextlib.nullcontext():
         return _run_one(cfg, out_dir, dashboard, console, report)
 
 

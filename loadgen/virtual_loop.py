@@ -57,20 +57,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
         return min(timers, default=float("inf"))
 
 
-# The cyclic collector's thresholds while a simulated run plans, runs and reports: an hour
-# makes ~50 million long-lived objects (prompts, records, token times) and Python's default
-# (700, 10, 10) scans them again and again, ~12 % of a run; with these ~2 %, no more memory.
-SIM_GC_THRESHOLD = (50_000, 20, 100)
-
-
 @contextlib.contextmanager
-def fewer_gc_scans() -> Iterator[None]:
-    threshold = gc.get_threshold()
-    gc.set_threshold(*SIM_GC_THRESHOLD)
+def without_cyclic_gc() -> Iterator[None]:
+    """No automatic cyclic collection while a simulated run plans, runs and reports. An hour
+    makes ~50 million long-lived containers (prompts, token lists, records, token times) and
+    every young collection walks each of them once more: 7.4 s of a 138-s hour even at
+    thresholds (50000, 20, 100), 12 % of a run at Python's default. The run makes no cyclic
+    garbage of note: the hour peaks at 4.378 GB with collection or without (2026-12-05)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
-        gc.set_threshold(*threshold)
+        if was_enabled:
+            gc.enable()
 
 
 def run_virtual(main: Any, clock: VirtualClock) -> Any:

@@ -31,7 +31,7 @@ from engine.sim.models import model_shape
 from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, step_model_for, weight_bytes
 from engine.sim.step_time import Calibrated, Efficiency, Roofline, Terms, fit
 from loadgen.config import PROFILE_DIR, load_profile
-from loadgen.virtual_loop import run_virtual
+from loadgen.virtual_loop import run_virtual, without_cyclic_gc
 
 
 @dataclasses.dataclass
@@ -195,6 +195,31 @@ def test_known_step_times_come_out_exactly_in_every_metric(tmp_path: Path, monke
     for r in map(json.loads, (out / "requests.jsonl").read_text().splitlines()):
         assert r["end_s"] - r["send_s"] == pytest.approx(0.01 * r["output_tokens"], rel=1e-9)
     assert summary["schedule_lag_s"]["max"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_simulated_run_pauses_the_cyclic_collector_and_restores_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import gc
+
+    import loadgen.benchmark as benchmark
+
+    seen = []
+    measure = benchmark.measure
+    monkeypatch.setattr(
+        benchmark, "measure", lambda *a, **k: (seen.append(gc.isenabled()), measure(*a, **k))[1]
+    )
+    assert gc.isenabled()
+    rc, printed, _ = sim_run(tmp_path)
+    assert rc == 0, printed
+    assert seen == [False] and gc.isenabled()  # off for the run, back on after
+    gc.disable()
+    try:
+        with without_cyclic_gc():
+            pass
+        assert not gc.isenabled()  # a caller's own choice is kept
+    finally:
+        gc.enable()
 
 
 def test_bench_run_engine_sim_is_marked_simulated_everywhere(tmp_path: Path) -> None:
