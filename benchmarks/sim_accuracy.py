@@ -157,16 +157,21 @@ def main() -> None:
         sim = bench(sim_flags, sim_dir)
         real["queue_ms"] = queue_ms(real_dir)
         rows.append((name, real, sim, compare(real, sim, real_dir, sim_dir)))
-        print(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in rows[-1][3].items()), flush=True)
+        say(rows[-1])
         if args.repeat_real:  # the same load and seeds on the real engine again
             again_dir = root / f"{slug}-real-again"
             if not (args.reuse_real and (again_dir / "summary.json").is_file()):
                 bench([*base, *COMMON, *flags], again_dir)
             again = json.loads((again_dir / "summary.json").read_text())
             rows.append((name + AGAIN, real, again, compare(real, again, real_dir, again_dir)))
-            print(f"{rows[-1][0]}: " + ", ".join(f"{k} {v:+.1%}" for k, v in rows[-1][3].items()))
+            say(rows[-1])
     print_table(rows)
     print(f"runs: {root}")
+
+
+def say(row: tuple[str, dict, dict, dict[str, float]]) -> None:
+    name, *_, errors = row
+    print(f"{name}: " + ", ".join(f"{k} {v:+.1%}" for k, v in errors.items()), flush=True)
 
 
 def compare(

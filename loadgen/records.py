@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
@@ -164,9 +164,10 @@ class TimeTexts(dict[float, str]):
     running request's token at the same step ends, so an hour's ~50 million times are ~180,000
     values (formatting each once saves most of the writing)."""
 
-    def add(self, t: float) -> None:
-        if t not in self:
-            self[t] = f"{t:.6f}"
+    def add(self, times: Iterable[float]) -> None:
+        for t in times:
+            if t not in self:
+                self[t] = f"{t:.6f}"
 
 
 def _times_text(times: list[float], texts: Mapping[float, str] | None) -> str:

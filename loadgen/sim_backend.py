@@ -220,16 +220,15 @@ class SimBackend:
             stamps = by_t0.get(t0)
             if stamps is None:
                 stamps = by_t0[t0] = [t - t0 for t in ends]
-                for t in stamps:
-                    self.time_texts.add(t)
+                self.time_texts.add(stamps)
             rec.chunk_s += stamps
             rec.chunk_tokens += [1] * k
         for parent, indices in children.items():  # step by step, as their outputs come
             pending = self._pending[parent]
             rec, c = pending.rec, len(indices)
-            rec.chunk_s += [t - pending.t0 for t in ends for _ in range(c)]
-            for t in ends:
-                self.time_texts.add(t - pending.t0)
+            stamps = [t - pending.t0 for t in ends]
+            self.time_texts.add(stamps)
+            rec.chunk_s += [t for t in stamps for _ in range(c)]
             rec.chunk_tokens += [1] * (k * c)
             rec.chunk_choice += indices * k
         await asyncio.sleep(ends[-1] - self.clock.now)
@@ -249,8 +248,7 @@ class SimBackend:
             ends = self.engine.lazy.ends  # type: ignore[union-attr]
             new = [t - t0 for t in ends[len(stamps) : stop]]
             stamps += new
-            for t in new:
-                self.time_texts.add(t)
+            self.time_texts.add(new)
         rec.chunk_s += stamps[first:stop]
         rec.chunk_tokens += [1] * (stop - first)
 
@@ -265,7 +263,7 @@ class SimBackend:
             if out.new_token_ids:
                 t = now - pending.t0
                 rec.chunk_s.append(t)
-                self.time_texts.add(t)
+                self.time_texts.add((t,))
                 rec.chunk_tokens.append(len(out.new_token_ids))
                 if rec.n > 1:
                     index = out.index if type(out) is Progress else out.outputs[0].index

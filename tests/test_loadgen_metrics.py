@@ -113,8 +113,7 @@ def test_preformatted_times_write_the_same_line() -> None:
     times = [0.1, 1 / 3, 2.0000004, 12345.6789]
     r = rec(0, 0.0, times, 4)
     texts = TimeTexts()
-    for t in times:
-        texts.add(t)
+    texts.add(times)
     assert texts[1 / 3] == "0.333333" and texts[2.0000004] == "2.000000"
     assert r.to_json(texts) == r.to_json()
     del texts[2.0000004]  # a time it does not hold: the whole list formatted as usual
