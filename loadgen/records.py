@@ -8,7 +8,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
@@ -88,10 +88,10 @@ class RequestRecord:
         """Output tokens of one completion (of n): what TPOT divides by."""
         return self.output_tokens / max(self.n, 1)
 
-    def to_json(self, time_texts: Mapping[float, str] | None = None) -> str:
+    def to_json(self, times_text: str | None = None) -> str:
         """One line; token times to the microsecond (%.6f: a third of the time JSON's shortest
-        round-trip repr takes, and a simulated hour writes ~50 million of them). time_texts:
-        times already formatted, where many records share them (`TimeTexts`)."""
+        round-trip repr takes, and a simulated hour writes ~50 million of them). times_text:
+        chunk_s as that JSON list already (`TimeTexts`)."""
         d = {name: getattr(self, name) for name in _FIELDS}  # asdict deep-copies: slow
         if math.isnan(self.scheduled_s):
             d["scheduled_s"] = None
@@ -99,7 +99,7 @@ class RequestRecord:
         n = len(tokens)
         tokens_text = _ones(n) if tokens.count(1) == n else json.dumps(tokens).replace(" ", "")
         return (
-            f'{{"chunk_s":{_times_text(times, time_texts)},"chunk_tokens":{tokens_text},'
+            f'{{"chunk_s":{_times_text(times, times_text)},"chunk_tokens":{tokens_text},'
             + _compact.encode(d)[1:]
         )
 
@@ -159,25 +159,21 @@ class TokenTimes:
 _NAMES = frozenset(f.name for f in dataclasses.fields(RequestRecord))
 
 
-class TimeTexts(dict[float, str]):
-    """Token times written once, for records that share them: a simulated run stamps every
-    running request's token at the same step ends, so an hour's ~50 million times are ~180,000
-    values (formatting each once saves most of the writing)."""
+class TimeTexts(dict[str, tuple[int, str]]):
+    """Finished records' token times as their JSON list, made by whoever stamped them: a
+    simulation stamps every running request at the same step ends, formats each end once and
+    keeps each request's texts as it goes, so its line joins them instead of formatting or
+    looking up each of an hour's ~46 million times. request id -> (how many times, the list)."""
 
-    def add(self, times: Iterable[float]) -> None:
-        for t in times:
-            if t not in self:
-                self[t] = f"{t:.6f}"
+    def take(self, rec: RequestRecord) -> str | None:
+        """The record's list, if one was made for exactly its times."""
+        made = self.pop(rec.request_id, None)
+        return made[1] if made is not None and made[0] == len(rec.chunk_s) else None
 
 
-def _times_text(times: list[float], texts: Mapping[float, str] | None) -> str:
-    """`times` as a JSON list to the microsecond: the same text with or without `texts`."""
-    if texts is not None:
-        try:
-            return "[" + ",".join(map(texts.__getitem__, times)) + "]"
-        except KeyError:  # one not among them: format the lot
-            pass
-    return _micros(len(times)) % tuple(times)
+def _times_text(times: list[float], text: str | None) -> str:
+    """`times` as a JSON list to the microsecond (`text`: made already)."""
+    return text if text is not None else _micros(len(times)) % tuple(times)
 
 
 _compact = json.JSONEncoder(separators=(",", ":"))
@@ -206,14 +202,15 @@ class RecordWriter:
     FLUSH_S = 0.05
 
     def __init__(self, path: Path, time_texts: TimeTexts | None = None) -> None:
-        """time_texts: token times formatted beforehand (a simulated engine's step ends)."""
+        """time_texts: records' token times formatted beforehand (a simulated engine's)."""
         self.path = path
         self._f: TextIO = path.open("a", encoding="utf-8")
         self._flush_pending = False
         self.time_texts = time_texts
 
     def write(self, rec: RequestRecord) -> None:
-        self._f.write(rec.to_json(self.time_texts) + "\n")
+        texts = self.time_texts
+        self._f.write(rec.to_json(texts.take(rec) if texts is not None else None) + "\n")
         if self._flush_pending:
             return
         try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ class _Pending:
     rec: RequestRecord
     t0: float
     done: asyncio.Future
+    texts: list[str] = field(default_factory=list)  # rec.chunk_s formatted (%.6f), in order
 
 
 class SimBackend:
@@ -54,9 +55,11 @@ class SimBackend:
         self._replies: PromptBuilder | None = None  # multi-turn: text to carry the reply
         # " word" -> its id, PromptBuilder.words' ids in order, what encode puts first
         self._words: tuple[dict[str, int], np.ndarray, list[int]] | None = None
+        self._words_fit: bool | None = None  # all of those ids in the simulated vocabulary
         self._checks = 3
-        self._stamps: dict[float, list[float]] = {}  # t0 -> group steps' ends - t0
-        self.time_texts = TimeTexts()  # every stamp's text, for the records' JSON lines
+        # t0 -> group steps' ends - t0, and as texts (each formatted once for every record)
+        self._stamps: dict[float, tuple[list[float], list[str]]] = {}
+        self.time_texts = TimeTexts()  # finished records' chunk_s as JSON, for their lines
         if self.fast_forward:
             engine.lazy_decodes(self._stamp)
 
@@ -94,17 +97,27 @@ class SimBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def _ids(self, spec: RequestSpec) -> list[int]:
+    def _ids(self, spec: RequestSpec) -> tuple[list[int], bool]:
         """The prompt's tokens by the run's tokenizer (prefix caching sees what a server
-        would), folded into the simulated model's vocabulary where it is smaller."""
+        would), folded into the simulated model's vocabulary where it is smaller; and whether
+        they are known to be in it (the load generator's words: the engine need not check
+        each id of 360,000 prompts an hour)."""
         tok = self.tokenizer
+        vocab = self.engine.model_config.vocab_size
         if self.chat and getattr(tok, "chat_template", None):
             ids = tok.encode_chat(spec.messages())
         else:
             text = spec.text()
-            ids = self._word_ids(text, spec) or tok.encode(text)
-        vocab = self.engine.model_config.vocab_size
-        return ids if max(ids, default=0) < vocab else [i % vocab for i in ids]
+            ids = self._word_ids(text, spec)
+            if ids is not None:
+                if self._words_fit is None:
+                    _, by_index, bos = self._words  # type: ignore[misc]
+                    self._words_fit = max(*bos, *by_index.tolist(), 0) < vocab
+                if self._words_fit:
+                    return ids, True
+            else:
+                ids = tok.encode(text)
+        return (ids if max(ids, default=0) < vocab else [i % vocab for i in ids]), False
 
     def _word_ids(self, text: str, spec: RequestSpec) -> list[int] | None:
         """The ids of a prompt the load generator built from " word" tokens: from the spec's
@@ -140,8 +153,9 @@ class SimBackend:
         rec.send_s = self.clock.now - t0
         try:
             params = SamplingParams(max_tokens=spec.output_len, ignore_eos=True, n=spec.n)
+            ids, checked = self._ids(spec)
             req = engine.make_request(
-                rec.request_id, self._ids(spec), params, self.clock.now, spec.priority or 0
+                rec.request_id, ids, params, self.clock.now, spec.priority or 0, checked
             )
             engine.add(req)
         except ValueError as e:  # too long for the context, or the KV cache: as the engine says
@@ -207,7 +221,7 @@ class SimBackend:
         if not ends:
             return
         k = len(ends)
-        by_t0: dict[float, list[float]] = {}
+        by_t0: dict[float, tuple[list[float], list[str]]] = {}
         children: dict[str, list[int]] = {}  # n > 1: a record's running completions
         for req in running:
             pending = self._pending.get(req.parent_id)
@@ -217,18 +231,18 @@ class SimBackend:
             if rec.n > 1:
                 children.setdefault(req.parent_id, []).append(req.index)
                 continue
-            stamps = by_t0.get(t0)
-            if stamps is None:
-                stamps = by_t0[t0] = [t - t0 for t in ends]
-                self.time_texts.add(stamps)
-            rec.chunk_s += stamps
+            made = by_t0.get(t0)
+            if made is None:
+                made = by_t0[t0] = _with_texts([t - t0 for t in ends])
+            rec.chunk_s += made[0]
+            pending.texts += made[1]
             rec.chunk_tokens += [1] * k
         for parent, indices in children.items():  # step by step, as their outputs come
             pending = self._pending[parent]
             rec, c = pending.rec, len(indices)
-            stamps = [t - pending.t0 for t in ends]
-            self.time_texts.add(stamps)
+            stamps, texts = _with_texts([t - pending.t0 for t in ends])
             rec.chunk_s += [t for t in stamps for _ in range(c)]
+            pending.texts += [x for x in texts for _ in range(c)]
             rec.chunk_tokens += [1] * (k * c)
             rec.chunk_choice += indices * k
         await asyncio.sleep(ends[-1] - self.clock.now)
@@ -241,35 +255,42 @@ class SimBackend:
         if pending is None:
             return
         rec, t0 = pending.rec, pending.t0
-        stamps = self._stamps.get(t0)
-        if stamps is None:
-            stamps = self._stamps[t0] = []
+        made = self._stamps.get(t0)
+        if made is None:
+            made = self._stamps[t0] = ([], [])
+        stamps, texts = made
         if len(stamps) < stop:
             ends = self.engine.lazy.ends  # type: ignore[union-attr]
-            new = [t - t0 for t in ends[len(stamps) : stop]]
+            new, new_texts = _with_texts([t - t0 for t in ends[len(stamps) : stop]])
             stamps += new
-            self.time_texts.add(new)
+            texts += new_texts
         rec.chunk_s += stamps[first:stop]
+        pending.texts += texts[first:stop]
         rec.chunk_tokens += [1] * (stop - first)
 
     def _deliver(self, outputs: list[Any]) -> None:
         """A step's outputs, stamped at its end (now)."""
         now = self.clock.now
+        t, text = -1.0, ""
         for out in outputs:
             pending = self._pending.get(out.request_id)
             if pending is None:
                 continue
             rec = pending.rec
             if out.new_token_ids:
-                t = now - pending.t0
+                if now - pending.t0 != t:
+                    t = now - pending.t0
+                    text = f"{t:.6f}"
                 rec.chunk_s.append(t)
-                self.time_texts.add((t,))
+                pending.texts.append(text)
                 rec.chunk_tokens.append(len(out.new_token_ids))
                 if rec.n > 1:
                     index = out.index if type(out) is Progress else out.outputs[0].index
                     rec.chunk_choice.append(index)
             if out.finished:
                 self._finish(rec, out, now - pending.t0)
+                texts = pending.texts
+                self.time_texts[rec.request_id] = (len(texts), "[" + ",".join(texts) + "]")
                 pending.done.set_result(None)
 
     def _finish(self, rec: RequestRecord, out: Any, end_s: float) -> None:
@@ -294,3 +315,8 @@ class SimBackend:
             self._replies = PromptBuilder(self.tokenizer)
         rng = np.random.default_rng(zlib.crc32(rec.request_id.encode()))
         return self._replies.prompt(rec.output_tokens, rng)
+
+
+def _with_texts(stamps: list[float]) -> tuple[list[float], list[str]]:
+    """Token times, and each as the records write it (to the microsecond)."""
+    return stamps, [f"{t:.6f}" for t in stamps]

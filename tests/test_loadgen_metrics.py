@@ -109,15 +109,14 @@ def test_records_round_trip_through_jsonl(tmp_path: Path) -> None:
 
 
 def test_preformatted_times_write_the_same_line() -> None:
-    """TimeTexts (a simulation's shared step ends) change how a line is made, never what."""
+    """TimeTexts (a simulation's records' times, formatted as it stamped them) change how a
+    line is made, never what; a list made for other times than the record's is not used."""
     times = [0.1, 1 / 3, 2.0000004, 12345.6789]
     r = rec(0, 0.0, times, 4)
-    texts = TimeTexts()
-    texts.add(times)
-    assert texts[1 / 3] == "0.333333" and texts[2.0000004] == "2.000000"
-    assert r.to_json(texts) == r.to_json()
-    del texts[2.0000004]  # a time it does not hold: the whole list formatted as usual
-    assert r.to_json(texts) == r.to_json()
+    texts = TimeTexts({"r0": (4, "[0.100000,0.333333,2.000000,12345.678900]")})
+    assert r.to_json(texts.take(r)) == r.to_json() and "r0" not in texts
+    texts["r0"] = (3, "[0.100000,0.333333,2.000000]")  # the record lost or gained a time since
+    assert texts.take(r) is None
     assert json.loads(r.to_json())["chunk_s"] == [0.1, 0.333333, 2.0, 12345.6789]
 
 

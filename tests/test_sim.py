@@ -474,6 +474,34 @@ def test_fast_paths_give_what_every_step_in_turn_gives(
 
 
 @pytest.mark.parametrize(
+    "flags",
+    [
+        {"rate": 2000.0, "num_requests": 60, "input_len": "uniform:40:300"},  # lazy, stretches
+        {"n": 3, "rate": 2.0},
+        {"rate": 2000.0, "num_requests": 60, "num_kv_blocks": 64},  # preemption mid-group
+    ],
+)
+def test_the_times_formatted_while_stamping_are_the_records_own(
+    tmp_path: Path, monkeypatch, flags: dict
+) -> None:
+    """requests.jsonl byte for byte as the records format their own times: the texts the
+    simulation made as it stamped (TimeTexts) are in the order of, and equal to, chunk_s."""
+    from loadgen.records import TimeTexts
+
+    flags = {"output_len": "uniform:20:70", "max_model_len": 512, **flags}
+    taken, real_take = [], TimeTexts.take
+    monkeypatch.setattr(TimeTexts, "take", lambda self, rec: _count(real_take(self, rec), taken))
+    rc, printed, made = sim_run(tmp_path / "made", **flags)
+    assert rc == 0, printed
+    made_text = (made / "requests.jsonl").read_text()
+    assert len(taken) == made_text.count("\n") > 10, "a record's times were not made"
+    monkeypatch.setattr(TimeTexts, "take", lambda self, rec: None)
+    rc, printed, plain = sim_run(tmp_path / "plain", **flags)
+    assert rc == 0, printed
+    assert made_text == (plain / "requests.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
     "name", sorted(p.stem for p in PROFILE_DIR.glob("*.toml") if p.stem != "calibrate")
 )
 def test_every_profile_runs_simulated(tmp_path: Path, name: str) -> None:

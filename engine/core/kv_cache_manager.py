@@ -13,6 +13,7 @@ engine's, the same for every block)."""
 from __future__ import annotations
 
 import array
+import itertools
 from hashlib import blake2b
 
 from engine.core.block_pool import BlockHash, BlockPool
@@ -77,18 +78,23 @@ class KVCacheManager:
     def block_hashes(
         self, request_id: str, token_ids: list[int], num_blocks: int
     ) -> list[BlockHash]:
-        """The chained hashes of the request's first `num_blocks` full blocks (kept and
-        extended as its tokens grow)."""
-        hashes = self._hashes.setdefault(request_id, [])
+        """The chained hashes of the request's full blocks, at least its first `num_blocks`:
+        the request's own list, kept and extended as its tokens grow (callers index it; a
+        simulated hour hashes ~9 M blocks, most one at a time as decodes fill them)."""
+        hashes = self._hashes.get(request_id)
+        if hashes is None:
+            hashes = self._hashes[request_id] = []
         done = len(hashes)
         if done < num_blocks:  # hash_block's, chained, the new blocks' tokens as bytes at once
             bs, width = self.block_size, self.block_size * 8
             data = _token_bytes(token_ids[done * bs : num_blocks * bs])
             parent = hashes[-1] if hashes else b""
             for start in range(0, len(data), width):
-                parent = _digest(parent, data[start : start + width])
+                h = blake2b(parent, digest_size=16)
+                h.update(data[start : start + width])
+                parent = h.digest()
                 hashes.append(parent)
-        return hashes[:num_blocks]
+        return hashes
 
     def computed_blocks(self, request_id: str, token_ids: list[int]) -> list[int]:
         """The longest run of cached blocks matching the tokens' full blocks from the start;
@@ -96,8 +102,10 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return []
         hit: list[int] = []
-        for h in self.block_hashes(request_id, token_ids, (len(token_ids) - 1) // self.block_size):
-            block = self.pool.lookup(h)
+        full = (len(token_ids) - 1) // self.block_size
+        lookup = self.pool.cached.get
+        for h in itertools.islice(self.block_hashes(request_id, token_ids, full), full):
+            block = lookup(h)
             if block is None:
                 break
             hit.append(block)
@@ -118,8 +126,9 @@ class KVCacheManager:
         if full <= done:
             return
         table = self.block_tables[request_id]
-        for i, h in enumerate(self.block_hashes(request_id, token_ids, full)[done:], start=done):
-            self.pool.cache(table[i], h)
+        hashes, cache = self.block_hashes(request_id, token_ids, full), self.pool.cache
+        for i in range(done, full):
+            cache(table[i], hashes[i])
         self._num_cached[request_id] = full
 
     def reset_prefix_cache(self) -> int:
