@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -271,7 +272,7 @@ class SimBackend:
     def _deliver(self, outputs: list[Any]) -> None:
         """A step's outputs, stamped at its end (now)."""
         now = self.clock.now
-        t, text = -1.0, ""
+        t, text = math.nan, ""  # the last stamp and its text (most outputs share it)
         for out in outputs:
             pending = self._pending.get(out.request_id)
             if pending is None:

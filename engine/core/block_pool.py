@@ -88,9 +88,6 @@ class BlockPool:
         self.block_hash[block] = block_hash
         self.cached[block_hash] = block
 
-    def lookup(self, block_hash: BlockHash) -> int | None:
-        return self.cached.get(block_hash)
-
     def is_free(self, block: int) -> bool:
         return self.ref_counts[block] == 0
 
