@@ -338,7 +338,7 @@ async def run_benchmark(
 ) -> tuple[dict[str, Any], RunOutcome]:
     """Run the plan; Ctrl-C stops sending, cancels what is in flight and still summarizes
     every request that finished."""
-    # A simulation's records share their token times: it formats each once (TimeTexts)
+    # A simulation hands over each record's token times already as text (TimeTexts)
     writer = RecordWriter(out_dir / "requests.jsonl", getattr(backend, "time_texts", None))
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
     times = {"clock": clock.time} if clock is not None else {}

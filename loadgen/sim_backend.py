@@ -56,7 +56,7 @@ class SimBackend:
         self._replies: PromptBuilder | None = None  # multi-turn: text to carry the reply
         # " word" -> its id, PromptBuilder.words' ids in order, what encode puts first
         self._words: tuple[dict[str, int], np.ndarray, list[int]] | None = None
-        self._words_fit: bool | None = None  # all of those ids in the simulated vocabulary
+        self._words_fit = False  # all of those ids in the simulated vocabulary
         self._checks = 3
         # t0 -> group steps' ends - t0, and as texts (each formatted once for every record)
         self._stamps: dict[float, tuple[list[float], list[str]]] = {}
@@ -110,14 +110,9 @@ class SimBackend:
         else:
             text = spec.text()
             ids = self._word_ids(text, spec)
-            if ids is not None:
-                if self._words_fit is None:
-                    _, by_index, bos = self._words  # type: ignore[misc]
-                    self._words_fit = max(*bos, *by_index.tolist(), 0) < vocab
-                if self._words_fit:
-                    return ids, True
-            else:
-                ids = tok.encode(text)
+            if ids is not None and self._words_fit:
+                return ids, True
+            ids = ids or tok.encode(text)
         return (ids if max(ids, default=0) < vocab else [i % vocab for i in ids]), False
 
     def _word_ids(self, text: str, spec: RequestSpec) -> list[int] | None:
@@ -129,7 +124,10 @@ class SimBackend:
             builder = PromptBuilder(self.tokenizer)
             ids = builder.word_ids
             words = {w[1:]: i for w, i in zip(builder.words, ids.tolist(), strict=True)}
-            self._words = (words, ids, self.tokenizer.encode(""))
+            bos = self.tokenizer.encode("")
+            self._words = (words, ids, bos)
+            top = max(max(bos, default=0), int(ids.max(initial=0)))
+            self._words_fit = top < self.engine.model_config.vocab_size
         words, by_index, bos = self._words
         if spec.words is not None and not spec.history and len(by_index):
             ids = bos + by_index[spec.words].tolist()

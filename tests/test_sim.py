@@ -197,6 +197,28 @@ def test_known_step_times_come_out_exactly_in_every_metric(tmp_path: Path, monke
     assert summary["schedule_lag_s"]["max"] == pytest.approx(0.0, abs=1e-9)
 
 
+@pytest.mark.parametrize(("model", "checked"), [("tiny-llama", False), ("smollm2-135m", True)])
+def test_prompt_ids_fit_the_simulated_vocabulary(
+    tmp_path: Path, monkeypatch, model: str, checked: bool
+) -> None:
+    """Prompts from the tokenizer's words: folded into a smaller simulated vocabulary (tiny
+    Llama's 512) and checked by the engine; left unchecked only where every word fits."""
+    seen: list[tuple[int, bool]] = []
+    real = SimEngine.make_request
+
+    def make_request(self, rid, ids, *args: Any) -> Any:
+        seen.append((max(ids), args[-1]))
+        return real(self, rid, ids, *args)
+
+    monkeypatch.setattr(SimEngine, "make_request", make_request)
+    rc, printed, _ = sim_run(tmp_path, model=model, num_requests=6)
+    assert rc == 0, printed
+    vocab = model_shape(model).vocab_size
+    assert len(seen) >= 6 and all(top < vocab and flag is checked for top, flag in seen)
+    if not checked:
+        assert vocab == 512
+
+
 def test_a_simulated_run_pauses_the_cyclic_collector_and_restores_it(
     tmp_path: Path, monkeypatch
 ) -> None:
