@@ -16,7 +16,7 @@ from typing import Any, TextIO
 import torch
 
 from engine.config import EngineConfig, ModelConfig
-from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.kv_cache_manager import KVCacheManager, chain_hashes
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.cuda_graphs import DecodeGraphs
@@ -89,6 +89,8 @@ def resolve_attention_backend(backend: str, device: torch.device) -> str:
 
 
 class LLMEngine:
+    block_hasher = staticmethod(chain_hashes)  # the prefix cache's (128-bit blake2b)
+
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
@@ -153,6 +155,7 @@ class LLMEngine:
             cache.block_size,
             cache.enable_prefix_caching,
             reserve_tokens=self.max_model_len if cache.kv_reservation == "max_len" else 0,
+            hasher=self.block_hasher,
         )
         self.scheduler = Scheduler(config.scheduler, self.kv, self.max_model_len)
         self.eos_token_ids = model_config.eos_token_ids or (

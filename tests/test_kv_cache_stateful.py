@@ -24,7 +24,13 @@ from hypothesis.stateful import (
 )
 
 from engine.config import SchedulerConfig
-from engine.core.kv_cache_manager import KVCacheManager, hash_block
+from engine.core.kv_cache_manager import (
+    BlockHasher,
+    KVCacheManager,
+    builtin_chain_hashes,
+    chain_hashes,
+    hash_block,
+)
 from engine.core.request import FinishReason, Request, RequestStatus, SamplingParams
 from engine.core.scheduler import Scheduler
 
@@ -55,6 +61,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len=st.integers(8, 256),
         prefix_caching=st.booleans(),
         policy=st.sampled_from(["fcfs", "priority"]),
+        hasher=st.sampled_from([chain_hashes, builtin_chain_hashes]),  # the engine's, the sim's
     )
     def configure(
         self,
@@ -68,6 +75,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         max_model_len: int,
         prefix_caching: bool,
         policy: str,
+        hasher: BlockHasher,
     ) -> None:
         self.config = SchedulerConfig(
             batching=batching,  # type: ignore[arg-type]
@@ -77,7 +85,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             long_prefill_token_threshold=long_prefill_token_threshold,
             scheduling_policy=policy,  # type: ignore[arg-type]
         )
-        self.kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+        self.kv = KVCacheManager(num_blocks, block_size, prefix_caching, hasher=hasher)
         self.contents: dict[int, tuple[int, ...]] = {}  # block -> the prefix its KV holds
         self.max_model_len = max_model_len
         self.scheduler = Scheduler(self.config, self.kv, max_model_len)
@@ -265,9 +273,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert pool.block_hash[b] == h
             held = self.contents.get(b, ())
             assert len(held) % bs == 0 and held, f"cached block {b} is not full"
-            chain = None
+            chain: bytes | int | None = None
             for i in range(0, len(held), bs):
-                chain = hash_block(chain, list(held[i : i + bs]))
+                block = list(held[i : i + bs])
+                if kv.hasher is chain_hashes:
+                    chain = hash_block(chain, block)  # type: ignore[arg-type]
+                else:
+                    chain = hash((chain or 0, *block))
             assert chain == h, f"cached block {b} holds other tokens than its hash says"
 
     @invariant()

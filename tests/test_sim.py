@@ -21,6 +21,7 @@ from rich.console import Console
 
 from bench_cli.run_command import execute
 from engine.config import EngineConfig
+from engine.core.kv_cache_manager import builtin_chain_hashes, chain_hashes
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
 from engine.model.cost import StepShape, matmul_params
@@ -96,6 +97,37 @@ def test_the_simulation_schedules_every_step_as_the_real_engine(
     assert sim_steps == real_steps
     if "num_kv_blocks" in settings:
         assert any(s[6] for s in real_steps), "the case meant to preempt did not"
+
+
+def test_the_simulation_hashes_blocks_its_own_way_and_finds_the_same_hits(
+    tmp_path: Path,
+) -> None:
+    """The simulation's prefix cache keys blocks by Python's 64-bit tuple hash (it serves no
+    KV; a third of blake2b's time): on prompts sharing prefixes, the same hits step by step."""
+    kwargs = {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 4}
+    real = LLMEngine(EngineConfig.from_kwargs("tiny-llama", **kwargs))
+    config = EngineConfig.from_kwargs("tiny-llama", **kwargs)
+    config.dtype, config.cache.kv_cache_dtype = real.config.dtype, real.config.dtype
+    sim = SimEngine(config, model_shape("tiny-llama"), FixedStep(), VirtualClock())
+    assert real.kv.hasher is chain_hashes and sim.kv.hasher is builtin_chain_hashes
+    rng = random.Random(1)
+    prefix = [rng.randrange(3, 500) for _ in range(48)]
+    reqs = [
+        (
+            f"r{i}",
+            prefix[: rng.choice([16, 32, 48])] + [rng.randrange(3, 500) for _ in range(20)],
+            rng.randint(1, 8),
+        )
+        for i in range(14)
+    ]
+    real_steps = _shapes(real, reqs, tmp_path / "real.jsonl")
+    assert _shapes(sim, reqs, tmp_path / "sim.jsonl") == real_steps
+    assert sum(s[7] for s in real_steps) >= 10 * 16  # cached tokens: the prefixes were hit
+    tokens = list(range(64))
+    for hasher in (chain_hashes, builtin_chain_hashes):  # chained: in pieces as at once
+        whole = hasher(None, tokens, 16)
+        assert whole[:2] + hasher(whole[1], tokens[32:], 16) == whole
+        assert len(set(whole)) == 4 and hasher(None, [1, *tokens[1:16]], 16)[0] != whole[0]
 
 
 def test_lazy_decodes_abort_and_outputs_as_stepping(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-BlockHash = bytes
+BlockHash = bytes | int  # blake2b's 128-bit digest; the simulation's 64-bit tuple hash
 
 
 class NoFreeBlocksError(RuntimeError):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.config import EngineConfig, ModelConfig
+from engine.core.kv_cache_manager import builtin_chain_hashes
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import SchedulerOutput
 from engine.engine import LLMEngine, cpu_has_native_bf16
@@ -81,6 +82,8 @@ class SimEngine(LLMEngine):
     """An LLMEngine without weights on a virtual clock: `step()` schedules as the real one,
     returns at once, and `last_step_s` says how long the step takes; whoever drives it waits
     that long on the virtual clock before the outputs count as delivered."""
+
+    block_hasher = staticmethod(builtin_chain_hashes)  # no KV to serve: 64 bits will do
 
     def __init__(
         self,
