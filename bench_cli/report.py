@@ -32,7 +32,8 @@ CDF_POINTS, TIMELINE_REQUESTS, STEPS_DRAWN = 4000, 2000, 20000
 def _cdf(fig: Figure, values: Sequence[float], name: str, row: int, col: int, **line: Any) -> None:
     if len(values) == 0:
         return
-    x = np.sort(np.asarray(values) * 1e3)
+    x = np.asarray(values) * 1e3  # a new array: sorted in place (an hour's ITLs are 370 MB)
+    x.sort()
     y = np.arange(1, len(x) + 1) / len(x)
     if len(x) > CDF_POINTS:  # a long run's millions of gaps: the curve at a fine resolution
         keep = np.unique(np.linspace(0, len(x) - 1, CDF_POINTS).round().astype(int))
