@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,15 @@ def test_a_class_with_its_own_count_stops_at_it(tokenizer: Any) -> None:
     cfg = build({"rate": 5.0, "num_requests": 4}, classes=["a:num_requests=9", "b:rate=50"])
     specs = list(build_plan(cfg, tokenizer).plan.specs)
     assert [s.cls for s in specs].count("a") == 9 and [s.cls for s in specs].count("b") == 4
+
+
+def test_an_open_loop_plan_lets_go_of_each_prompt_it_hands_out(tokenizer: Any) -> None:
+    """A simulated hour plans 360,000 prompts (~1 GB): none is held after it was sent."""
+    cfg = build({"rate": 50.0, "num_requests": 20})
+    specs = build_plan(cfg, tokenizer).plan.specs
+    first = next(specs)
+    assert sys.getrefcount(first) == 2  # `first` and the call's argument: the plan let go
+    assert [first, *specs] == list(build_plan(cfg, tokenizer).plan.specs)  # in order, all
 
 
 # ---- per-class summaries ---------------------------------------------------------------------
