@@ -155,8 +155,9 @@ def throughput_figure(
     if ok:
         chunks = chunks if chunks is not None else TokenTimes.of(ok)
         end = max(r.end_s or 0 for r in ok)
-        last = math.ceil(end)  # 1-s bins over [0, last]; numpy's equal-bin path when told
-        # a count and range (given the edges, it sorts an hour's 46 M token times)
+        # 1-s bins over [0, last] (none if it ended at 0): numpy's equal-bin path, told a
+        # count and range (given the edges, it sorts an hour's 46 M token times)
+        last = math.ceil(end)
         counts, edges = np.histogram(
             chunks.times, bins=last or [0.0], range=(0.0, last), weights=chunks.tokens
         )

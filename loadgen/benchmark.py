@@ -43,6 +43,8 @@ from loadgen.workload import (
     synthetic,
 )
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -194,12 +196,9 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
     return BuiltPlan(plan, arrivals, info, notes)
 
 
-T = TypeVar("T")
-
-
 def handed_out(items: list[T]) -> Iterator[T]:
     """The items in order, each let go of once taken: the plan does not hold every prompt to
-    the end of the run (a simulated hour's 360,000 are ~0.9 GB)."""
+    the end of the run (a simulated hour's 360,000 are ~1 GB)."""
     items.reverse()
     while items:
         yield items.pop()
