@@ -181,10 +181,13 @@ def _times_text(times: list[float], text: str | None) -> str:
 _compact = json.JSONEncoder(separators=(",", ":"))
 
 
+TIME_FORMAT = "%.6f"  # a token time in requests.jsonl: to the microsecond
+
+
 @functools.cache
 def _micros(n: int) -> str:
     """The format of a JSON list of n times to the microsecond."""
-    return "[" + ",".join(["%.6f"] * n) + "]"
+    return "[" + ",".join([TIME_FORMAT] * n) + "]"
 
 
 @functools.cache

@@ -17,7 +17,7 @@ from engine.core.request import Request, SamplingParams
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.sim_engine import Progress, SimEngine
-from loadgen.records import RequestRecord, TimeTexts
+from loadgen.records import TIME_FORMAT, RequestRecord, TimeTexts
 from loadgen.workload import PromptBuilder, RequestSpec
 
 
@@ -26,7 +26,7 @@ class _Pending:
     rec: RequestRecord
     t0: float
     done: asyncio.Future
-    texts: list[str] = field(default_factory=list)  # rec.chunk_s formatted (%.6f), in order
+    texts: list[str] = field(default_factory=list)  # rec.chunk_s by TIME_FORMAT, in order
 
 
 class SimBackend:
@@ -279,7 +279,7 @@ class SimBackend:
             if out.new_token_ids:
                 if now - pending.t0 != t:
                     t = now - pending.t0
-                    text = f"{t:.6f}"
+                    text = TIME_FORMAT % t
                 rec.chunk_s.append(t)
                 pending.texts.append(text)
                 rec.chunk_tokens.append(len(out.new_token_ids))
@@ -317,5 +317,5 @@ class SimBackend:
 
 
 def _with_texts(stamps: list[float]) -> tuple[list[float], list[str]]:
-    """Token times, and each as the records write it (to the microsecond)."""
-    return stamps, [f"{t:.6f}" for t in stamps]
+    """Token times, and each as the records write it (TIME_FORMAT)."""
+    return stamps, [TIME_FORMAT % t for t in stamps]
