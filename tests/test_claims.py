@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 from bench_cli.claims.catalog import CLAIMS, select
-from bench_cli.claims.claim import Scale, Simulation, scale_rates
+from bench_cli.claims.claim import QUICK_MODEL, Scale, Simulation, scale_rates
 from bench_cli.claims.evidence import Point, kv_waste, queue_delays, time_mean
 from bench_cli.claims.runner import SimFlags, run_claims
 from bench_cli.claims.scheduling import judge_batching
@@ -189,6 +189,12 @@ def test_tensor_parallelism_is_shown_on_simulated_gpus(tmp_path: Path) -> None:
     for config in (out / "7d-tensor-parallel" / "sweep").glob("p*/config.json"):
         engine = json.loads(config.read_text())["engine"]
         assert engine["simulated"] and engine["tensor_parallel_size"] in (4, 8)
+    # Every header names the model 7d ran, not the claims' own (which it did not run)
+    said = "7d meta-llama/Llama-3.1-70B"
+    assert f"1 claims (0 done before) on {said} (quick)" in printed
+    assert f"Claims SIMULATED on h100 ({said}, quick;" in printed
+    assert f"{said} (quick: tiny random model" in (out / "claims.html").read_text()
+    assert QUICK_MODEL not in printed
     code, printed = claims(tmp_path, only="7d", out=str(tmp_path / "real"))  # no simulation
     record = json.loads((tmp_path / "real" / "claims.json").read_text())
     assert code == 0 and record["findings"]["7d"]["verdict"] == UNMEASURABLE

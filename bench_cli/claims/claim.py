@@ -119,7 +119,27 @@ class Claim:
     about_server: bool = False  # measurable against --base-url (else it sets engine settings)
     minutes: tuple[float, float] = (0.3, 3.0)  # expected duration, quick and full, 2-core CPU
     notes: list[str] = field(default_factory=list)
+    # The model its loads run where not the claims' own (7d: one too big for one device)
+    model: Callable[[Scale], str] | None = None
 
     @property
     def number(self) -> str:
         return self.id.rstrip("abcdefgh")
+
+    def runs_at(self, scale: Scale) -> bool:
+        """Whether it can be measured (or simulated) at this scale, or is only reported."""
+        if scale.sim is not None and self.not_simulated:
+            return False
+        if scale.sim is None and self.only_simulated:
+            return False
+        return self.missing is None and (scale.base_url is None or self.about_server)
+
+
+def models_run(claims: list[Claim], scale: Scale) -> str:
+    """The models these claims' loads run, as headers name them: the claims' own model, and
+    a claim's other one beside it ("smollm2-135m; 7d meta-llama/Llama-3.1-70B")."""
+    running = [c for c in claims if c.runs_at(scale)]
+    own = {c.id: c.model(scale) for c in running if c.model is not None}
+    other = {i: m for i, m in own.items() if m != scale.model}
+    names = [scale.model] if len(other) < len(running) or not running else []
+    return "; ".join([*names, *(f"{i} {m}" for i, m in other.items())])

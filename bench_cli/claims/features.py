@@ -371,6 +371,7 @@ TENSOR_PARALLEL = Claim(
     sweep=tensor_parallel_sweep,
     judge=judge_tensor_parallel,
     measure=fewest_devices,
+    model=_tp_model,
     only_simulated=(
         "this machine has one device: tensor_parallel_size=2 runs here as 2 processes "
         "splitting its CPU cores, which shows the all-reduce cost "

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from bench_cli.claims.claim import Claim, Scale
+from bench_cli.claims.claim import Claim, Scale, Simulation, models_run
 from bench_cli.claims.verdict import FAILS, HOLDS, PARTLY, Finding
 
 STYLES = {HOLDS: "green", PARTLY: "yellow", FAILS: "red"}
@@ -27,11 +27,12 @@ def print_table(
     scale: Scale,
     env: dict[str, Any],
 ) -> None:
-    title = f"Claims measured here ({scale.model}{', quick' if scale.quick else ''})"
+    models = models_run(claims, scale)
+    title = f"Claims measured here ({models}{', quick' if scale.quick else ''})"
     if scale.sim is not None:
         quick = ", quick" if scale.quick else ""
         title = (
-            f"Claims SIMULATED on {scale.sim.where} ({scale.model}{quick}; arrival rates "
+            f"Claims SIMULATED on {scale.sim.where} ({models}{quick}; arrival rates "
             f"x {scale.sim.rate_factor:g}): predictions, not measurements"
         )
     table = Table(title=title, caption=escape(machine(env)), show_lines=True)
@@ -81,11 +82,13 @@ def write_html(
         body.append(f"<p class='dim'>folder: {html.escape(f'{c.id}-{c.slug}/')}</p>")
         sections.append("<section>" + "".join(body) + "</section>")
     stamp = machine(record.get("environment") or {})
-    scale = (
-        f"{record['model']}{' (quick: tiny random model, not evidence)' if record['quick'] else ''}"
+    sim = record.get("simulation")  # which claims ran (7d only simulated) and on what model
+    ran = Scale(
+        record["quick"], record["model"], record["base_url"], Simulation(**sim) if sim else None
     )
+    quick = " (quick: tiny random model, not evidence)" if record["quick"] else ""
+    scale = f"{models_run(claims, ran)}{quick}"
     heading, banner = "The serving claims, measured here", ""
-    sim = record.get("simulation")
     if sim:
         tp = sim.get("tensor_parallel_size", 1)
         where = f"{tp} x {sim['device']}" if tp > 1 else sim["device"]

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.claims.catalog import CLAIMS, select
-from bench_cli.claims.claim import Claim, Scale, Simulation
+from bench_cli.claims.claim import Claim, Scale, Simulation, models_run
 from bench_cli.claims.evidence import read_sweep
 from bench_cli.claims.verdict import Finding, unmeasurable
 from bench_cli.export import environment, run_dir, write_json
@@ -43,13 +43,13 @@ def run_claims(
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
     todo = [c for c in claims if c.id not in record["findings"]]
-    minutes = sum(c.minutes[0 if quick else 1] for c in todo if _runs(c, scale))
+    minutes = sum(c.minutes[0 if quick else 1] for c in todo if c.runs_at(scale))
     where = f"about {minutes:.0f} min on a 2-core CPU"
     if sim is not None:
         where = f"SIMULATED on {sim.where}, arrival rates x {sim.rate_factor:g}"
     console.print(
         f"bench claims: {len(claims)} claims ({len(claims) - len(todo)} done before) on "
-        f"{scale.model}{' (quick)' if quick else ''}, {where} -> {folder}/",
+        f"{models_run(claims, scale)}{' (quick)' if quick else ''}, {where} -> {folder}/",
         highlight=False,
     )
     code = 0
@@ -124,14 +124,6 @@ class SimFlags:
             "--sim-profile": self.profile,
             "--tensor-parallel-size": self.tensor_parallel_size > 1,
         }
-
-
-def _runs(claim: Claim, scale: Scale) -> bool:
-    if scale.sim is not None and claim.not_simulated:
-        return False
-    if scale.sim is None and claim.only_simulated:
-        return False
-    return claim.missing is None and (scale.base_url is None or claim.about_server)
 
 
 def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> dict[str, Any]:
