@@ -166,10 +166,12 @@ class Sweep:
                 console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
                 return 1
         if not summary["interrupted"]:
+            grew = (summary.get("ttft_growth") or {}).get("grew")
             console.print(
                 f"  {summary['completed']} ok, {summary['failed']} failed, "
                 f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
-                f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms",
+                f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms"
+                + ("; TTFT grew through the run: over capacity" if grew else ""),
                 highlight=False,
             )
         return summary

@@ -36,6 +36,9 @@ DEFINITIONS = {
     "as one token)",
     "peak_concurrent_requests": "most completed requests in flight at once, over [send, end) "
     "(vLLM's max_concurrent_requests: failed requests not counted)",
+    "ttft_growth": "median ttft_with_queue of the requests that arrived in the first and in the "
+    "last quarter of an open loop's arrival span; it grew when the last is over twice the first "
+    "and 50 ms more (a queue building up through the run)",
 }
 PERCENTILES = (50, 90, 95, 99)
 STATS = ("mean", *(f"p{p}" for p in PERCENTILES), "max")  # of every distribution
@@ -222,8 +225,47 @@ def summarize(
     if arrivals is not None:
         # The schedule gives first turns only; a conversation's later turns follow its replies.
         summary["arrival_check"] = arrival_check([r for r in measured if not r.turn], arrivals)
+        summary["ttft_growth"] = growth = ttft_growth([r for r in ok if not r.turn])
+        if growth is not None and growth["grew"]:
+            offered = summary["arrival_check"].get("achieved_rate")
+            rates = f"{len(ok) / duration:.3g} req/s completed"
+            rates += f" of {offered:.3g} arriving" if offered else ""
+            warnings.append(
+                f"TTFT grew through the run: median {growth['first_quarter_p50_s']:.3g} s for "
+                f"the requests that arrived in its first quarter, "
+                f"{growth['last_quarter_p50_s']:.3g} s in its last. Requests queued faster than "
+                f"the server finished them ({rates}): these latencies depend on how long the "
+                "run lasted, not only on its load"
+            )
     summary["warnings"] = warnings
     return summary
+
+
+GROWTH_MIN_REQUESTS = 20  # in each quarter: fewer cannot tell a trend from noise
+GROWTH_FACTOR, GROWTH_MIN_S = 2.0, 0.05
+
+
+def ttft_growth(ok: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """Did TTFT (with any wait for a slot) grow through an open-loop run? Where the load is
+    above what the server finishes, the queue and every request's wait grow with the run's
+    length: the figures then describe this run's duration, not a steady state. Compares the
+    medians of the first and last quarter of the arrival span; None where either quarter has
+    too few requests to tell."""
+    rows = sorted(
+        (r.send_s - r.queue_s, r.first_chunk_s - r.send_s + r.queue_s)  # type: ignore[operator]
+        for r in ok
+    )
+    if not rows:
+        return None
+    start, stop = rows[0][0], rows[-1][0]
+    quarter = (stop - start) / 4
+    first = [ttft for t, ttft in rows if t <= start + quarter]
+    last = [ttft for t, ttft in rows if t >= stop - quarter]
+    if min(len(first), len(last)) < GROWTH_MIN_REQUESTS:
+        return None
+    a, b = float(np.median(first)), float(np.median(last))
+    grew = b > GROWTH_FACTOR * a and b - a > GROWTH_MIN_S
+    return {"first_quarter_p50_s": a, "last_quarter_p50_s": b, "grew": grew}
 
 
 def _any_slo(slo: SLO, class_slos: Mapping[str, SLO]) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from loadgen.arrivals import Arrivals
 from loadgen.backends import OpenAIBackend
 from loadgen.metrics import DISTRIBUTIONS, SLO, STATS, distribution, summarize
 from loadgen.records import RecordWriter, RequestRecord, TimeTexts, TokenTimes, read_records
@@ -60,6 +61,31 @@ def test_late_sends_make_a_run_invalid() -> None:
     s = summarize(recs, 10.0, max_p99_lag_s=0.010)
     assert not s["valid"] and any("fell behind" in w for w in s["warnings"])
     assert summarize(recs[:-1], 10.0)["valid"]
+
+
+def test_a_queue_that_builds_up_through_an_open_loop_run_is_told() -> None:
+    """100 arrivals a second for 1 s: served at once, TTFT stays 50 ms; served 20 % slower
+    than they come, each waits for all before it (the last quarter's median TTFT ~4x the
+    first's), which makes the latencies a matter of the run's length."""
+    poisson = Arrivals("poisson", rate=100.0)
+
+    def run(service_s: float) -> list[RequestRecord]:
+        recs, free = [], 0.0
+        for i in range(100):
+            start = max(i / 100, free)
+            free = start + service_s
+            recs.append(rec(i, i / 100, [start + 0.05, start + 0.06], 2))
+        return recs
+
+    steady = summarize(run(0.005), 1.2, poisson)
+    assert not steady["ttft_growth"]["grew"] and not steady["warnings"]
+    slow = summarize(run(0.012), 1.3, poisson)
+    growth = slow["ttft_growth"]
+    assert growth["grew"] and growth["last_quarter_p50_s"] > 2 * growth["first_quarter_p50_s"]
+    assert any("TTFT grew through the run" in w for w in slow["warnings"])
+    assert "76.9 req/s completed of 100 arriving" in slow["warnings"][0]
+    assert summarize(run(0.012), 1.3)["warnings"] == []  # a closed loop: no arrival rate to beat
+    assert summarize(run(0.012)[:60], 1.3, poisson)["ttft_growth"] is None  # quarters of 15
 
 
 def test_short_outputs_warn() -> None:
