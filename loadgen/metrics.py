@@ -225,7 +225,9 @@ def summarize(
     if arrivals is not None:
         # The schedule gives first turns only; a conversation's later turns follow its replies.
         summary["arrival_check"] = arrival_check([r for r in measured if not r.turn], arrivals)
-        summary["ttft_growth"] = growth = ttft_growth([r for r in ok if not r.turn])
+        turn0 = np.fromiter((not r.turn for r in ok), bool, n)  # scheduled: first turns
+        growth = ttft_growth((send - queue)[turn0], ttft_queue[turn0])
+        summary["ttft_growth"] = growth
         if growth is not None and growth["grew"]:
             offered = summary["arrival_check"].get("achieved_rate")
             rates = f"{len(ok) / duration:.3g} req/s completed"
@@ -245,22 +247,17 @@ GROWTH_MIN_REQUESTS = 20  # in each quarter: fewer cannot tell a trend from nois
 GROWTH_FACTOR, GROWTH_MIN_S = 2.0, 0.05
 
 
-def ttft_growth(ok: Sequence[RequestRecord]) -> dict[str, Any] | None:
+def ttft_growth(arrived: np.ndarray, ttft: np.ndarray) -> dict[str, Any] | None:
     """Did TTFT (with any wait for a slot) grow through an open-loop run? Where the load is
     above what the server finishes, the queue and every request's wait grow with the run's
     length: the figures then describe this run's duration, not a steady state. Compares the
-    medians of the first and last quarter of the arrival span; None where either quarter has
-    too few requests to tell."""
-    rows = sorted(
-        (r.send_s - r.queue_s, r.first_chunk_s - r.send_s + r.queue_s)  # type: ignore[operator]
-        for r in ok
-    )
-    if not rows:
+    medians of the requests that arrived in the first and in the last quarter of the arrival
+    span; None where either quarter has too few requests to tell."""
+    if not len(arrived):
         return None
-    start, stop = rows[0][0], rows[-1][0]
+    start, stop = float(arrived.min()), float(arrived.max())
     quarter = (stop - start) / 4
-    first = [ttft for t, ttft in rows if t <= start + quarter]
-    last = [ttft for t, ttft in rows if t >= stop - quarter]
+    first, last = ttft[arrived <= start + quarter], ttft[arrived >= stop - quarter]
     if min(len(first), len(last)) < GROWTH_MIN_REQUESTS:
         return None
     a, b = float(np.median(first)), float(np.median(last))
