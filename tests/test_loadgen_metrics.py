@@ -65,7 +65,7 @@ def test_late_sends_make_a_run_invalid() -> None:
 
 def test_a_queue_that_builds_up_through_an_open_loop_run_is_told() -> None:
     """100 arrivals a second for 1 s: served at once, TTFT stays 50 ms; served 20 % slower
-    than they come, each waits for all before it (the last quarter's median TTFT ~4x the
+    than they come, each waits for all before it (the last quarter's median TTFT ~3x the
     first's), which makes the latencies a matter of the run's length."""
     poisson = Arrivals("poisson", rate=100.0)
 
