@@ -157,8 +157,10 @@ def _run_one(
         elif config.get("engine"):  # engine steps to divide by it: see bench_cli/device_peak.py
             config["device_peak"] = _device_peak(config["engine"], console)
         write_json(out_dir / "config.json", config | environment())
-        # A simulation runs faster than a live view could show it: its progress is the result.
-        view = _live_view(cfg, console) if dashboard and cfg.engine_kind != "sim" else None
+        # A simulation's loop runs on virtual time: its progress line is drawn on wall time
+        view = None
+        if dashboard:
+            view = (_sim_view if cfg.engine_kind == "sim" else _live_view)(cfg, console)
         summary, outcome = measure(cfg, built, backend, target, out_dir, view)
         summary["config"] = config
         # An engine started for this run and not warmed: its first requests pay one-off costs.
@@ -253,6 +255,16 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
 
     def start(runner: Any, telemetry: Any) -> asyncio.Task:
         return asyncio.create_task(Dashboard(runner, telemetry, title, rate, console).run())
+
+    return start
+
+
+def _sim_view(cfg: RunConfig, console: Console) -> Any:
+    """A simulated run's progress line (bench_cli/sim_progress.py)."""
+    from bench_cli.sim_progress import SimProgress
+
+    def start(runner: Any, telemetry: Any) -> asyncio.Task:
+        return asyncio.create_task(SimProgress(runner, cfg.name, console).run())
 
     return start
 
