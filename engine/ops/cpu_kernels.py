@@ -7,19 +7,32 @@ Built by torch's extension builder at first use, once per machine, CPU capabilit
 (~12 s here, then loaded from its cache in ~0.1 s), with the flags ATen builds its own vector
 kernels with, and registered as torch ops: compiled graphs call them without Python. Where
 they cannot be built (no C++ compiler, no ninja) the engine logs one warning and keeps the
-paths it had before them; `SERVEBENCH_CPU_KERNELS=0` asks for that."""
+paths it had before them; `SERVEBENCH_CPU_KERNELS=0` asks for that.
+
+The build lives in a folder named for what is built (the source's bytes, the flags, torch's
+version), compiled from a copy of the source inside it: two checkouts of the same source share
+one build, two of different sources never rebuild each other's. Builders take an advisory lock
+(flock, gone with its process) with a timeout that says what it waits for; torch's own lock file
+found under it is a killed builder's, and is removed (torch would wait on it forever)."""
 
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import logging
 import os
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 logger = logging.getLogger(__name__)
 BUILT = {"ok": False}  # what `available()` found, for code that dynamo traces
+LOCK_TIMEOUT_S = float(os.environ.get("SERVEBENCH_KERNEL_LOCK_TIMEOUT", "600"))
 
 # What ATen compiles its vector kernels with for each CPU capability (its vec types need them).
 ISA_FLAGS = {
@@ -40,22 +53,90 @@ def _ninja_on_path() -> None:
         os.environ["PATH"] = os.pathsep.join(p for p in (ninja.BIN_DIR, path) if p)
 
 
+def build_flags(cap: str) -> list[str]:
+    flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP's: torch's own thread pool
+    if cap in ISA_FLAGS:
+        flags += [*ISA_FLAGS[cap], f"-DCPU_CAPABILITY_{cap}", f"-DCPU_CAPABILITY={cap}"]
+    return flags
+
+
+def build_directory(source: Path, flags: list[str]) -> Path:
+    """The folder for this source, these flags and this torch, under torch's extension root
+    (TORCH_EXTENSIONS_DIR is honoured), with the source copied in."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    key = hashlib.sha256(source.read_bytes())
+    key.update(" ".join([*flags, torch.__version__]).encode())
+    folder = Path(get_default_build_root()) / f"servebench-{key.hexdigest()[:16]}"
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / source.name
+    if not copy.exists() or copy.read_bytes() != source.read_bytes():
+        tmp = folder / f".{source.name}.{os.getpid()}"
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, copy)  # a reader never sees half a file
+    return folder
+
+
+@contextmanager
+def build_lock(folder: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold the folder's build lock; TimeoutError after `timeout_s`, saying who holds it."""
+    with open(folder / "servebench.lock", "a+") as f:
+        start = time.monotonic()
+        said = False
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                waited = time.monotonic() - start
+                if waited > timeout_s:
+                    raise TimeoutError(
+                        f"another process has been building the CPU kernels in {folder} for over "
+                        f"{timeout_s:.0f} s (its pid: {_holder(f)}); set "
+                        "SERVEBENCH_KERNEL_LOCK_TIMEOUT to wait longer"
+                    ) from None
+                if not said and waited > 5:
+                    logger.warning("waiting for another process (pid %s) building the CPU "
+                                   "kernels in %s", _holder(f), folder)  # fmt: skip
+                    said = True
+                time.sleep(0.2)
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        stale = folder / "lock"  # torch's FileBaton: only a builder killed under our lock left it
+        if stale.exists():
+            logger.warning("removing a stale build lock left by a killed build: %s", stale)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _holder(f: object) -> str:
+    try:
+        return Path(f.name).read_text().strip() or "unknown"  # type: ignore[attr-defined]
+    except OSError:
+        return "unknown"
+
+
 @functools.cache
 def available() -> bool:
     """Build (or load) and register the kernels; False if this machine cannot."""
     if os.environ.get("SERVEBENCH_CPU_KERNELS") == "0":
         return False
     cap = torch.backends.cpu.get_cpu_capability()
-    flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP's: torch's own thread pool
-    if cap in ISA_FLAGS:
-        flags += [*ISA_FLAGS[cap], f"-DCPU_CAPABILITY_{cap}", f"-DCPU_CAPABILITY={cap}"]
+    flags = build_flags(cap)
     try:
         from torch.utils.cpp_extension import load
 
         _ninja_on_path()
-        source = Path(__file__).with_suffix(".cpp")
-        load(f"servebench_cpu_kernels_{cap.lower()}", [str(source)], extra_cflags=flags,
-             extra_ldflags=["-fopenmp"], is_python_module=False)  # fmt: skip
+        folder = build_directory(Path(__file__).with_suffix(".cpp"), flags)
+        with build_lock(folder):
+            load(f"servebench_cpu_kernels_{cap.lower()}", [str(folder / "cpu_kernels.cpp")],
+                 extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=str(folder),
+                 is_python_module=False)  # fmt: skip
     except Exception as e:
         logger.warning("the engine's CPU kernels could not be built, using torch's: %s", e)
         return False
