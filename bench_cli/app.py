@@ -423,7 +423,7 @@ def run(
     top_p: Annotated[float | None, Opt(help="nucleus sampling (default: not sent)")] = None,
     top_k: Annotated[int | None, Opt(help="top-k sampling (default: not sent)")] = None,
     header: Annotated[
-        list[str] | None, Opt(help="NAME=VALUE sent with every request (repeatable)")
+        list[str] | None, Opt(help="'NAME: VALUE' sent with every request (repeatable)")
     ] = None,
     extra_body: Annotated[
         str | None, Opt(help="JSON merged into every request body, e.g. '{\"min_p\": 0.1}'")

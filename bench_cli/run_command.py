@@ -20,6 +20,7 @@ from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
+from loadgen.redact import redact_url
 from loadgen.runner import ProbeFailed
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
@@ -53,7 +54,7 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
-    target = cfg.base_url or f"bundled {cfg.model}"
+    target = redact_url(cfg.base_url) if cfg.base_url else f"bundled {cfg.model}"
     if cfg.engine_kind == "sim":
         target = sim_title(summary.get("config", {}).get("engine", {}), cfg.model)
     if cfg.naive_batch is not None:
@@ -187,7 +188,7 @@ def _default_model(cfg: RunConfig) -> str:
 
     models = served_models(cfg.base_url, cfg.api_key)
     if not models:
-        raise ValueError(f"{cfg.base_url}/models lists no model; pass --model")
+        raise ValueError(f"{redact_url(cfg.base_url)}/models lists no model; pass --model")
     return models[0]
 
 

@@ -10,10 +10,12 @@ import asyncio
 import json
 import time
 from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 
 from loadgen.records import RequestRecord
+from loadgen.redact import redact_url
 from loadgen.workload import RequestSpec
 
 
@@ -51,7 +53,8 @@ class OpenAIBackend:
         if endpoint not in ("completions", "chat"):
             raise ValueError(f"endpoint {endpoint!r}: expected completions or chat")
         path = "chat/completions" if endpoint == "chat" else "completions"
-        self.url = f"{base_url.rstrip('/')}/{path}"
+        self.url = api_url(base_url, path)
+        self.shown_url = redact_url(self.url)  # what messages and records say: no credentials
         self.model, self.chat = model, endpoint == "chat"
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.headers |= headers or {}
@@ -105,7 +108,7 @@ class OpenAIBackend:
                 if resp.status != 200:
                     rec.status, rec.error = "error", _error_message(await resp.text())
                     if resp.status == 404:  # a wrong path or model: say where it went
-                        rec.error += f" (POST {self.url})"
+                        rec.error += f" (POST {self.shown_url})"
                     return
                 buf, done = b"", False
                 # Read whatever has arrived and split it into events ourselves: one await per
@@ -125,9 +128,10 @@ class OpenAIBackend:
             self._keep_partial(rec, texts, usage)
             raise
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
-            rec.status, rec.error = "error", f"{type(e).__name__}: {e}" if str(e) else repr(e)
+            error = f"{type(e).__name__}: {e}" if str(e) else repr(e)
+            rec.status, rec.error = "error", error.replace(self.url, self.shown_url)
             if isinstance(e, aiohttp.ClientConnectionError | TimeoutError):
-                rec.error += f" (POST {self.url})"
+                rec.error += f" (POST {self.shown_url})"
             rec.end_s = clock() - t0
             self._keep_partial(rec, texts, usage)
             return
@@ -246,24 +250,41 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
+def api_url(base_url: str, path: str) -> str:
+    """`path` under the API root, the root's query (`?api-version=`, a key) kept after it."""
+    parts = urlsplit(base_url)
+    joined = f"{parts.path.rstrip('/')}/{path}" if path else parts.path.rstrip("/")
+    return urlunsplit(parts._replace(path=joined))
+
+
+def http_get(url: str, api_key: str | None, timeout_s: float) -> Any:
+    """urllib's GET, with a URL's user:password@ sent as Basic auth (aiohttp does the same)."""
+    import base64
+    import urllib.request
+
+    parts = urlsplit(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        headers.setdefault("Authorization", f"Basic {base64.b64encode(pair.encode()).decode()}")
+        url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout_s)
+
+
 def resolve_base_url(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> str:
     """The OpenAI API root to send to: `http://host:port/v1` as given, or `http://host:port`
     (vLLM's bench convention) when `/v1/models` answers there. Unreachable URLs are left as
     they are: the test request then fails naming them."""
     import urllib.error
-    import urllib.request
 
-    url = base_url.rstrip("/")
-    if url.endswith("/v1"):
+    url = api_url(base_url, "")
+    if urlsplit(url).path.endswith("/v1"):
         return url
-    req = urllib.request.Request(f"{url}/v1/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s):
-            return f"{url}/v1"
+        with http_get(api_url(url, "v1/models"), api_key, timeout_s):
+            return api_url(url, "v1")
     except urllib.error.HTTPError as e:
-        return f"{url}/v1" if e.code in (401, 403) else url  # there, but wants a key
+        return api_url(url, "v1") if e.code in (401, 403) else url  # there, but wants a key
     except (OSError, ValueError):
         return url
 
@@ -271,16 +292,12 @@ def resolve_base_url(base_url: str, api_key: str | None = None, timeout_s: float
 def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> list[str]:
     """The model ids a server lists at /v1/models (what `vllm bench serve` uses when no model
     is named)."""
-    import urllib.request
-
-    req = urllib.request.Request(f"{base_url.rstrip('/')}/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with http_get(api_url(base_url, "models"), api_key, timeout_s) as resp:
             return [m["id"] for m in json.loads(resp.read())["data"]]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"could not list the models of {base_url} (pass --model): {e}") from e
+        where, error = redact_url(base_url), str(e).replace(base_url, redact_url(base_url))
+        raise ValueError(f"could not list the models of {where} (pass --model): {error}") from e
 
 
 def _error_message(body: str) -> str:

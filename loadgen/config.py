@@ -13,6 +13,7 @@ from typing import Any
 
 from loadgen.arrivals import ARRIVALS, Ramp
 from loadgen.metrics import SLO
+from loadgen.redact import parse_header, redact_settings
 from loadgen.traces import TRACE_FORMATS
 from loadgen.traffic import TrafficClass, parse_class_flag, resolve_classes
 from loadgen.workload import LengthDist
@@ -292,11 +293,8 @@ class RunConfig:
         return out | {k: v for k, v in given if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if d["api_key"]:
-            d["api_key"] = "***"
-        d["headers"] = {k: "***" if secret_header(k) else v for k, v in self.headers.items()}
-        return d
+        """For results files: credentials masked (loadgen/redact.py)."""
+        return redact_settings(dataclasses.asdict(self))  # type: ignore[return-value]
 
 
 def load_profile(name_or_path: str) -> dict[str, Any]:
@@ -380,7 +378,7 @@ def _coerce(key: str, value: Any) -> Any:
     if key in ("input_len", "output_len", "turns"):
         return str(value)
     if key == "headers":
-        return value if isinstance(value, dict) else dict(_header(h) for h in value)
+        return value if isinstance(value, dict) else dict(parse_header(h) for h in value)
     if key == "extra_body":
         return value if isinstance(value, dict) else _json_object(value)
     if key in (
@@ -401,13 +399,6 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
-def _header(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=") if "=" in text else text.partition(":")
-    if not sep or not name.strip():
-        raise ValueError(f"header {text!r}: expected NAME=VALUE (or 'NAME: VALUE')")
-    return name.strip(), value.strip()
-
-
 def _json_object(text: str) -> dict[str, Any]:
     try:
         value = json.loads(text)
@@ -418,8 +409,3 @@ def _json_object(text: str) -> dict[str, Any]:
             f"--extra-body {text!r}: expected a JSON object, e.g. '{{\"min_p\": 0.1}}'"
         )
     return value
-
-
-def secret_header(header: str) -> bool:
-    """Header values never written to a results file: credentials of any kind."""
-    return any(word in header.lower() for word in ("auth", "key", "token", "secret", "cookie"))

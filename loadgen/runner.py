@@ -185,7 +185,7 @@ class LoadRunner:
         self.probe_record = rec
         await self.backend.send(spec, rec, self.clock())
         if not rec.ok:
-            where = getattr(self.backend, "url", self.backend.name)
+            where = getattr(self.backend, "shown_url", self.backend.name)
             status = f" (HTTP {rec.http_status})" if rec.http_status else ""
             raise ProbeFailed(f"the test request to {where} failed{status}: {rec.error}")
 
