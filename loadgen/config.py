@@ -207,6 +207,7 @@ class RunConfig:
         if self.naive_batch is not None:
             self._validate_naive()
         self._validate_sim()
+        _check_extra_body(self.extra_body)
         if self.in_process and (self.headers or self.extra_body):
             raise ValueError("--header and --extra-body go over HTTP: not with --in-process")
         for key in ("input_len", "output_len"):
@@ -397,6 +398,31 @@ def _coerce(key: str, value: Any) -> Any:
     ):
         return float(value)
     return value
+
+
+# Body fields the load generator sets and reads back itself: one given in --extra-body would
+# replace what it sends while its records and figures assume its own (n=4 in the body, n=1
+# in the records: TPOT a quarter of the server's). Each is refused, naming what sets it.
+OWNED_BODY_KEYS = {
+    "n": "--n (records count every completion, ITL is taken per completion)",
+    "max_tokens": "--output-len (each request's own length)",
+    "max_completion_tokens": "--output-len (each request's own length)",
+    "ignore_eos": "--ignore-eos / --no-ignore-eos",
+    "stream": "nothing: the load generator streams every request to time its chunks",
+    "stream_options": "nothing: the load generator asks for usage to count tokens",
+    "model": "--model",
+    "prompt": "--input-len, --dataset or --trace",
+    "messages": "--input-len, --dataset or --trace (with --endpoint chat)",
+}
+
+
+def _check_extra_body(body: dict[str, Any]) -> None:
+    owned = [key for key in body if key in OWNED_BODY_KEYS]
+    if owned:
+        uses = "; ".join(f"{key!r}: use {OWNED_BODY_KEYS[key]}" for key in owned)
+        raise ValueError(
+            f"--extra-body sets what the load generator sets and measures itself ({uses})"
+        )
 
 
 def _json_object(text: str) -> dict[str, Any]:

@@ -333,8 +333,8 @@ def test_headers_extra_body_and_sampling_are_parsed_and_recorded_without_secrets
     assert recorded["headers"] == {"X-Priority": "1", "Authorization": "***", "x-api-key": "***"}
     assert "sk-secret" not in repr(recorded) and "abc" not in repr(recorded)
     assert build().sampling() == {"temperature": 0.0}  # greedy by default
-    profile = {**BASE, "headers": {"X-A": "b"}, "extra_body": {"n": 1}}
-    assert (build(profile).headers, build(profile).extra_body) == ({"X-A": "b"}, {"n": 1})
+    profile = {**BASE, "headers": {"X-A": "b"}, "extra_body": {"min_p": 1}}
+    assert (build(profile).headers, build(profile).extra_body) == ({"X-A": "b"}, {"min_p": 1})
 
 
 @pytest.mark.parametrize(
@@ -466,3 +466,26 @@ def test_a_sweeps_plan_masks_header_flags_and_urls_too() -> None:
         "flags": {"headers": ["Authorization: ***", "X-Tenant: a"], "api_key": "***"},
         "profile": {"base_url": "http://***@h/v1", "headers": {"X-Auth-Token": "***"}},
     }
+
+
+# ---- extra-body keys the load generator owns (issue 41 item 15) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "flag"),
+    [
+        ('{"n": 4}', "--n"),
+        ('{"max_tokens": 9}', "--output-len"),
+        ('{"max_completion_tokens": 9}', "--output-len"),
+        ('{"ignore_eos": false}', "--no-ignore-eos"),
+        ('{"stream": false}', "streams every request"),
+        ('{"stream_options": {"include_usage": false}}', "asks for usage"),
+        ('{"model": "x"}', "--model"),
+        ('{"prompt": "hi"}', "--input-len"),
+        ('{"messages": []}', "--input-len"),
+    ],
+)
+def test_extra_body_cannot_set_what_the_load_generator_measures(body: str, flag: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        build(extra_body=body)
+    assert build(extra_body='{"min_p": 0.1, "priority": 1}').extra_body["min_p"] == 0.1
