@@ -100,6 +100,7 @@ class OpenAIBackend:
         headers = {"Content-Type": "application/json", **self.headers}
         texts: list[str] = []
         usage: dict[str, Any] = {}
+        finished: set[int] = set()  # the choices that came with a finish_reason
         clock = time.perf_counter
         rec.send_s = clock() - t0
         try:
@@ -110,17 +111,20 @@ class OpenAIBackend:
                     if resp.status == 404:  # a wrong path or model: say where it went
                         rec.error += f" (POST {self.shown_url})"
                     return
+                if resp.content_type == "application/json":  # an answer, not a stream
+                    rec.status, rec.error = "error", _not_a_stream(await resp.text())
+                    return
                 buf, done = b"", False
                 # Read whatever has arrived and split it into events ourselves: one await per
                 # network read, not per line. Events that came in one read share its stamp.
                 async for data in resp.content.iter_any():
                     now = clock() - t0
                     *events, buf = (buf + data).replace(b"\r\n", b"\n").split(b"\n\n")
-                    if self._take(events, now, rec, texts, usage):
+                    if self._take(events, now, rec, texts, usage, finished):
                         done = True
                         break
                 if not done and buf.strip():  # a last event without its closing blank line
-                    done = self._take([buf], clock() - t0, rec, texts, usage)
+                    done = self._take([buf], clock() - t0, rec, texts, usage, finished)
             rec.end_s = clock() - t0
         except asyncio.CancelledError:
             rec.status, rec.error = "cancelled", "the run was stopped"
@@ -145,9 +149,15 @@ class OpenAIBackend:
         if rec.finish_reason in ("abort", "error"):  # vLLM's and ours: the server gave up
             rec.status = "error"
             rec.error = f"the server ended the stream with finish_reason {rec.finish_reason!r}"
-        elif not done and rec.finish_reason is None and not usage:  # usage comes last too
+        elif not done:  # whatever came before: the server may have died mid-answer
             rec.status = "error"
             rec.error = f"the stream was cut after {len(rec.chunk_s)} chunks (no [DONE])"
+        elif len(finished) < rec.n:  # a choice without its finish chunk: cut short too
+            rec.status = "error"
+            rec.error = (
+                f"the stream ended with {rec.n - len(finished)} of {rec.n} completions "
+                "unfinished (no finish_reason)"
+            )
         else:
             rec.status = "ok"
 
@@ -167,6 +177,7 @@ class OpenAIBackend:
         rec: RequestRecord,
         texts: list[str],
         usage: dict[str, Any],
+        finished: set[int],
     ) -> bool:
         """Record a read's events; True once the stream is over ([DONE] or an error event)."""
         for event in events:
@@ -181,6 +192,10 @@ class OpenAIBackend:
             if chunk.get("usage"):
                 usage.update(chunk["usage"])
             for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict):
+                    raise ValueError(
+                        f"a stream chunk's choice is not a JSON object: {choice!r:.200}"
+                    )
                 if self.chat:  # reasoning models stream their thinking first: output too
                     delta = choice.get("delta") or {}
                     text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")
@@ -191,8 +206,10 @@ class OpenAIBackend:
                     texts.append(text)
                     if rec.n > 1:  # n choices stream interleaved: ITL is per choice
                         rec.chunk_choice.append(int(choice.get("index") or 0))
-                if choice.get("finish_reason") and rec.finish_reason not in ("abort", "error"):
-                    rec.finish_reason = choice["finish_reason"]  # one choice's abort fails it
+                if choice.get("finish_reason"):
+                    finished.add(int(choice.get("index") or 0))
+                    if rec.finish_reason not in ("abort", "error"):  # one choice's abort fails it
+                        rec.finish_reason = choice["finish_reason"]
         return False
 
     @staticmethod
@@ -200,7 +217,12 @@ class OpenAIBackend:
         data = _sse_data(event)
         if data is None:
             return None
-        return _DONE if data == b"[DONE]" else json.loads(data)
+        if data == b"[DONE]":
+            return _DONE
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):  # `data: 1`: the server's bug, this request's failure
+            raise ValueError(f"a stream chunk is not a JSON object: {data[:200]!r}")
+        return chunk
 
     def _count_tokens(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
         """Output tokens from the server's usage, else our tokenizer, else one per chunk; and
@@ -298,6 +320,17 @@ def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 
     except (OSError, ValueError, KeyError, TypeError) as e:
         where, error = redact_url(base_url), str(e).replace(base_url, redact_url(base_url))
         raise ValueError(f"could not list the models of {where} (pass --model): {error}") from e
+
+
+def _not_a_stream(body: str) -> str:
+    """A 200 that is JSON, not events: the server's error message when it is one."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and "error" in value:
+        return _error_message(body)
+    return f"the server answered with JSON, not a stream: {body[:500]}"
 
 
 def _error_message(body: str) -> str:

@@ -183,7 +183,10 @@ class LoadRunner:
         rid = f"{self.run_id}-probe"
         rec = RequestRecord(-1, rid, spec.input_len, spec.output_len, True, cls=spec.cls, n=spec.n)
         self.probe_record = rec
-        await self.backend.send(spec, rec, self.clock())
+        try:
+            await self.backend.send(spec, rec, self.clock())
+        except Exception as e:  # as _send: a backend's bug is this request's failure
+            rec.status, rec.error = "error", f"{type(e).__name__}: {e}"
         if not rec.ok:
             where = getattr(self.backend, "shown_url", self.backend.name)
             status = f" (HTTP {rec.http_status})" if rec.http_status else ""
