@@ -20,7 +20,7 @@ from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
-from loadgen.redact import redact_url
+from loadgen.redact import printable, redact_url
 from loadgen.runner import ProbeFailed
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
@@ -52,7 +52,7 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         console.print(f"[bold red]error:[/] {message}", highlight=False)
         return 1
     except (ValueError, OSError, ModelLoadError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(printable(e))}", highlight=False)
         return 2
     target = redact_url(cfg.base_url) if cfg.base_url else f"bundled {cfg.model}"
     if cfg.engine_kind == "sim":
@@ -63,7 +63,8 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     console.print(f"results: {escape(str(out_dir))}/", highlight=False)
     code = exit_code(summary)
     if summary.get("stopped_early"):
-        console.print(f"[bold red]error:[/] {escape(summary['stopped_early'])}", highlight=False)
+        stopped = escape(printable(summary["stopped_early"]))
+        console.print(f"[bold red]error:[/] {stopped}", highlight=False)
     if code == 1:
         console.print("[bold red]error:[/] no request succeeded: nothing was measured")
     return code
@@ -209,8 +210,9 @@ def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
             return tok, cfg.model
     if cfg.base_url:
         console.print(
-            f"[yellow]note:[/] no tokenizer for {cfg.model!r} here; prompts are built with "
-            f"{DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from the server's usage"
+            f"[yellow]note:[/] no tokenizer for '{escape(printable(cfg.model))}' here; prompts "
+            f"are built with {DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from "
+            "the server's usage"
         )
     return load_tokenizer(DEFAULT_TOKENIZER), DEFAULT_TOKENIZER
 

@@ -1,9 +1,12 @@
 """What may leave the process: credentials are sent to the server but never written to a
-results file or printed (headers, URLs)."""
+results file or printed (headers, URLs), and text that came from a server is printed only
+as printable characters (an escape sequence in an error message must not drive the terminal).
+Records on disk keep a server's raw text: JSON escapes it, and nothing there is a credential."""
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 MASK = "***"
@@ -64,6 +67,21 @@ def redact_url(url: str) -> str:
         )
     fragment = MASK if parts.fragment and "=" in parts.fragment else parts.fragment
     return urlunsplit((parts.scheme, netloc, parts.path, query, fragment))
+
+
+def printable(text: object, limit: int = 2000) -> str:
+    """Server-given text as it may reach a terminal: control and format characters (ESC,
+    BEL, CR, bidi overrides, ...) shown as escapes, so none can retitle, clear or rewrite it;
+    newlines and tabs kept."""
+    out = []
+    for ch in str(text)[:limit]:
+        if ch in "\n\t":
+            out.append(ch)
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+        else:
+            out.append(ch)
+    return "".join(out) + ("..." if len(str(text)) > limit else "")
 
 
 def redact_settings(value: object) -> object:

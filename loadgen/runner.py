@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from loadgen.backends import Backend
 from loadgen.records import RequestRecord
+from loadgen.redact import printable
 from loadgen.sessions import Session, next_turn
 from loadgen.workload import RequestSpec
 
@@ -190,7 +191,8 @@ class LoadRunner:
         if not rec.ok:
             where = getattr(self.backend, "shown_url", self.backend.name)
             status = f" (HTTP {rec.http_status})" if rec.http_status else ""
-            raise ProbeFailed(f"the test request to {where} failed{status}: {rec.error}")
+            error = printable(rec.error)  # for the terminal: the record keeps the raw text
+            raise ProbeFailed(f"the test request to {where} failed{status}: {error}")
 
     async def _warmup(self) -> None:
         """Warm-up requests, before the clock starts, at most `concurrency` at a time."""
