@@ -440,6 +440,9 @@ def run(
     save_vllm_json: Annotated[
         str | None, Opt(help="also write the result as `vllm bench serve --save-result` does")
     ] = None,
+    overwrite_vllm_json: Annotated[
+        bool | None, Opt(help="let --save-vllm-json replace an existing file")
+    ] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
     device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,

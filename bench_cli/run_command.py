@@ -42,6 +42,10 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
                 f"{e} (profile {profile!r} is a sweep profile: its [sweep] table sets {keys}; "
                 f"run it with `bench sweep --profile {profile}`, or give {keys} here)"
             ) from None
+        if cfg.save_vllm_json:
+            from bench_cli.vllm_json import check_vllm_json_path
+
+            check_vllm_json_path(cfg.save_vllm_json, cfg.out, cfg.overwrite_vllm_json)
         out_dir = run_dir(cfg.out, cfg.name)
         summary = run_one(cfg, out_dir, dashboard, console)
     except ServerStartError as e:

@@ -101,6 +101,7 @@ class RunConfig:
     telemetry_interval: float = 0.1  # seconds between telemetry samples
     out: str | None = None
     save_vllm_json: str | None = None  # also write the result as `vllm bench serve` would
+    overwrite_vllm_json: bool = False  # else an existing file there is refused
 
     @property
     def closed_loop(self) -> bool:
