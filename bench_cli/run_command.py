@@ -85,7 +85,7 @@ def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
 
     cfg = build_config(profile, flags, engine_arg_names())
     if cfg.base_url:  # with or without /v1, as vLLM's bench takes it; config.json says which
-        from loadgen.backends import resolve_base_url
+        from loadgen.endpoints import resolve_base_url
 
         cfg.base_url = resolve_base_url(cfg.base_url, cfg.api_key)
     cfg.model = cfg.model or _default_model(cfg)
@@ -189,7 +189,7 @@ def _run_one(
 def _default_model(cfg: RunConfig) -> str:
     if not cfg.base_url:
         return BUNDLED_MODEL
-    from loadgen.backends import served_models
+    from loadgen.endpoints import served_models
 
     models = served_models(cfg.base_url, cfg.api_key)
     if not models:

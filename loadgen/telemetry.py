@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from loadgen.backends import http_get
+from loadgen.endpoints import http_get
 from loadgen.redact import redact_url
 
 # Prometheus names of the engine gauges we follow: ours first, then vLLM's.

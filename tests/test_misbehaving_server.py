@@ -23,6 +23,7 @@ from rich.console import Console
 from bench_cli.local_server import free_port
 from bench_cli.run_command import execute
 from loadgen.backends import OpenAIBackend
+from loadgen.endpoints import resolve_base_url
 from loadgen.mock_server import ESCAPE_ERROR, JSON_ERROR
 from loadgen.records import RequestRecord
 from loadgen.workload import RequestSpec
@@ -219,18 +220,23 @@ def test_credentials_are_sent_but_never_written_or_printed(tmp_path: Path) -> No
     secrets = ("s3cr3t-pw", basic, "hunter2", "sk-qwerty")
     try:
         given: list[dict[str, Any]] = [  # the same credentials in a URL and in a header
-            {"base_url": f"http://user:s3cr3t-pw@{host}?api_key=sk-qwerty"},
+            {"base_url": f"http://user:s3cr3t-pw@{host}?api_key=sk-qwerty", "model": None},
             {"base_url": url, "headers": [f"Authorization: Basic {basic}"]},
         ]
         for k, flags in enumerate(given):
             flags["headers"] = [*flags.get("headers", []), "X-Password: hunter2"]
-            rc, printed, out = bench_run(tmp_path / str(k), url, "mock", **flags)
+            rc, printed, out = bench_run(
+                tmp_path / str(k), url, flags.pop("model", "mock"), **flags
+            )
             assert rc == 0, printed
             assert json.loads((out / "summary.json").read_text())["completed"] == 6
             for text in (printed, *(p.read_text() for p in out.iterdir())):
                 assert not any(secret in text for secret in secrets)
             config = json.loads((out / "config.json").read_text())
             assert config["run"]["headers"]["X-Password"] == "***"
+        root = host.removesuffix("/v1")  # vLLM's convention: the root, /v1 found by asking
+        given_root = f"http://user:s3cr3t-pw@{root}/?api_key=sk-qwerty"
+        assert resolve_base_url(given_root) == f"http://user:s3cr3t-pw@{host}?api_key=sk-qwerty"
     finally:
         proc.terminate()
         proc.wait(timeout=10)
