@@ -423,7 +423,7 @@ def run(
     top_p: Annotated[float | None, Opt(help="nucleus sampling (default: not sent)")] = None,
     top_k: Annotated[int | None, Opt(help="top-k sampling (default: not sent)")] = None,
     header: Annotated[
-        list[str] | None, Opt(help="NAME=VALUE sent with every request (repeatable)")
+        list[str] | None, Opt(help="'NAME: VALUE' sent with every request (repeatable)")
     ] = None,
     extra_body: Annotated[
         str | None, Opt(help="JSON merged into every request body, e.g. '{\"min_p\": 0.1}'")
@@ -439,6 +439,9 @@ def run(
     out: Annotated[str | None, Opt(help="results folder (default results/<time>-<name>)")] = None,
     save_vllm_json: Annotated[
         str | None, Opt(help="also write the result as `vllm bench serve --save-result` does")
+    ] = None,
+    overwrite_vllm_json: Annotated[
+        bool | None, Opt(help="let --save-vllm-json replace an existing file")
     ] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,

@@ -18,9 +18,46 @@ from typing import Any
 PACKAGES = ("servebench", "torch", "aiohttp", "numpy", "pandas", "tokenizers", "rich", "typer")
 
 
+# What a run writes in its folder (a sweep's point too): nothing else may write over them.
+RUN_FILES = (
+    "config.json",
+    "requests.jsonl",
+    "timeline.csv",
+    "summary.json",
+    "summary.csv",
+    "report.html",
+    "steps.jsonl",
+    "server.log",
+)
+
+
+def check_name(name: str) -> None:
+    """A run's or sweep's name becomes part of one folder name under results/: a path
+    (`x/../../elsewhere`), a dot name or a control character would put it elsewhere."""
+    bad = (
+        not name
+        or name in (".", "..")
+        or any(sep in name for sep in ("/", "\\", "\0"))
+        or not name.isprintable()
+        or len(name.encode()) > 200
+    )
+    if bad:
+        raise ValueError(
+            f"name {name!r}: give one folder name (no '/', '\\', '..' or control characters, "
+            "at most 200 bytes); use --out to write elsewhere"
+        )
+
+
 def run_dir(out: str | None, name: str) -> Path:
     """A new, empty folder: a run never mixes its records with an earlier run's."""
-    path = Path(out) if out else Path("results") / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
+    if not out:
+        check_name(name)
+        results = Path("results").resolve()
+        path = Path("results") / f"{datetime.now():%Y%m%d-%H%M%S}-{name}"
+        if path.resolve().parent != results:  # a symlinked results/ resolves with it
+            raise ValueError(f"name {name!r} resolves outside {results}")
+    else:
+        path = Path(out)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise ValueError(f"results folder {path} already holds files; choose another --out")
     path.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
+from loadgen.redact import printable, redact_url
 from loadgen.runner import ProbeFailed
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
@@ -41,6 +42,10 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
                 f"{e} (profile {profile!r} is a sweep profile: its [sweep] table sets {keys}; "
                 f"run it with `bench sweep --profile {profile}`, or give {keys} here)"
             ) from None
+        if cfg.save_vllm_json:
+            from bench_cli.vllm_json import check_vllm_json_path
+
+            check_vllm_json_path(cfg.save_vllm_json, cfg.out, cfg.overwrite_vllm_json)
         out_dir = run_dir(cfg.out, cfg.name)
         summary = run_one(cfg, out_dir, dashboard, console)
     except ServerStartError as e:
@@ -51,9 +56,9 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         console.print(f"[bold red]error:[/] {message}", highlight=False)
         return 1
     except (ValueError, OSError, ModelLoadError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(printable(e))}", highlight=False)
         return 2
-    target = cfg.base_url or f"bundled {cfg.model}"
+    target = redact_url(cfg.base_url) if cfg.base_url else f"bundled {cfg.model}"
     if cfg.engine_kind == "sim":
         target = sim_title(summary.get("config", {}).get("engine", {}), cfg.model)
     if cfg.naive_batch is not None:
@@ -62,7 +67,8 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
     console.print(f"results: {escape(str(out_dir))}/", highlight=False)
     code = exit_code(summary)
     if summary.get("stopped_early"):
-        console.print(f"[bold red]error:[/] {escape(summary['stopped_early'])}", highlight=False)
+        stopped = escape(printable(summary["stopped_early"]))
+        console.print(f"[bold red]error:[/] {stopped}", highlight=False)
     if code == 1:
         console.print("[bold red]error:[/] no request succeeded: nothing was measured")
     return code
@@ -79,7 +85,7 @@ def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:
 
     cfg = build_config(profile, flags, engine_arg_names())
     if cfg.base_url:  # with or without /v1, as vLLM's bench takes it; config.json says which
-        from loadgen.backends import resolve_base_url
+        from loadgen.endpoints import resolve_base_url
 
         cfg.base_url = resolve_base_url(cfg.base_url, cfg.api_key)
     cfg.model = cfg.model or _default_model(cfg)
@@ -183,11 +189,11 @@ def _run_one(
 def _default_model(cfg: RunConfig) -> str:
     if not cfg.base_url:
         return BUNDLED_MODEL
-    from loadgen.backends import served_models
+    from loadgen.endpoints import served_models
 
     models = served_models(cfg.base_url, cfg.api_key)
     if not models:
-        raise ValueError(f"{cfg.base_url}/models lists no model; pass --model")
+        raise ValueError(f"{redact_url(cfg.base_url)}/models lists no model; pass --model")
     return models[0]
 
 
@@ -208,8 +214,9 @@ def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
             return tok, cfg.model
     if cfg.base_url:
         console.print(
-            f"[yellow]note:[/] no tokenizer for {cfg.model!r} here; prompts are built with "
-            f"{DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from the server's usage"
+            f"[yellow]note:[/] no tokenizer for '{escape(printable(cfg.model))}' here; prompts "
+            f"are built with {DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from "
+            "the server's usage"
         )
     return load_tokenizer(DEFAULT_TOKENIZER), DEFAULT_TOKENIZER
 

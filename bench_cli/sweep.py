@@ -37,7 +37,7 @@ from bench_cli.run_command import exit_code, resolve_config, run_one
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
 from bench_cli.sweep_table import print_comparison
-from loadgen.config import secret_header
+from loadgen.redact import redact_settings
 from loadgen.runner import ProbeFailed
 
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
@@ -359,21 +359,8 @@ def _as_written(value: Any) -> Any:
 
 
 def masked(value: Any) -> Any:
-    """`value` with every api_key and credential header (as RunConfig.to_dict masks them)
-    replaced by "***": no secret in a file the sweep writes."""
-    if isinstance(value, dict):
-        return {k: _masked_item(k, v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [masked(v) for v in value]
-    return value
-
-
-def _masked_item(key: str, value: Any) -> Any:
-    if key == "api_key" and value:
-        return "***"
-    if key == "headers" and isinstance(value, dict):
-        return {h: "***" if secret_header(h) else v for h, v in value.items()}
-    return masked(value)
+    """No secret in a file the sweep writes (loadgen/redact.py, as RunConfig.to_dict)."""
+    return redact_settings(value)
 
 
 def _write_csv(sweep_dir: Path, rows: list[dict[str, Any]], pd: Any) -> None:

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from loadgen.metrics import DISTRIBUTIONS, STATS
+from loadgen.redact import printable
 
 
 def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
@@ -120,7 +121,7 @@ def print_result(console: Console, summary: dict[str, Any], title: str) -> None:
         console.print(table)
     for warning in summary.get("warnings", []):
         style = "bold red" if "fell behind" in warning else "yellow"
-        console.print(f"[{style}]warning:[/] {escape(str(warning))}", highlight=False)
+        console.print(f"[{style}]warning:[/] {escape(printable(warning))}", highlight=False)
     if not summary.get("valid", True):
         console.print("[bold red]INVALID RUN[/]: the load generator could not keep to its schedule")
     if summary.get("interrupted"):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_cli.export import write_json
+from bench_cli.export import RUN_FILES, write_json
 from loadgen.metrics import SLO
 from loadgen.records import RequestRecord
 
@@ -98,6 +98,20 @@ def vllm_result(
     for name, values in stats.items():
         result |= _stats(name, values, percentiles)
     return result
+
+
+def check_vllm_json_path(path: str, out: str | None, overwrite: bool) -> None:
+    """Before the run: never over one of the run's own files, nor (unless asked) over any
+    existing file (vLLM's bench overwrites silently; an hour's result is not replaced so)."""
+    target = Path(path).resolve()
+    if out and target.parent == Path(out).resolve() and target.name in RUN_FILES:
+        raise ValueError(f"--save-vllm-json {path}: that is this run's own {target.name}")
+    if target.is_dir():
+        raise ValueError(f"--save-vllm-json {path}: a folder; name a file")
+    if target.exists() and not overwrite:
+        raise ValueError(
+            f"--save-vllm-json {path}: the file exists; pass --overwrite-vllm-json to replace it"
+        )
 
 
 def write_vllm_json(

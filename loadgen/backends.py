@@ -13,7 +13,9 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from loadgen.endpoints import api_url
 from loadgen.records import RequestRecord
+from loadgen.redact import redact_url
 from loadgen.workload import RequestSpec
 
 
@@ -51,7 +53,8 @@ class OpenAIBackend:
         if endpoint not in ("completions", "chat"):
             raise ValueError(f"endpoint {endpoint!r}: expected completions or chat")
         path = "chat/completions" if endpoint == "chat" else "completions"
-        self.url = f"{base_url.rstrip('/')}/{path}"
+        self.url = api_url(base_url, path)
+        self.shown_url = redact_url(self.url)  # what messages and records say: no credentials
         self.model, self.chat = model, endpoint == "chat"
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.headers |= headers or {}
@@ -97,6 +100,7 @@ class OpenAIBackend:
         headers = {"Content-Type": "application/json", **self.headers}
         texts: list[str] = []
         usage: dict[str, Any] = {}
+        finished: set[int] = set()  # the choices that came with a finish_reason
         clock = time.perf_counter
         rec.send_s = clock() - t0
         try:
@@ -105,7 +109,10 @@ class OpenAIBackend:
                 if resp.status != 200:
                     rec.status, rec.error = "error", _error_message(await resp.text())
                     if resp.status == 404:  # a wrong path or model: say where it went
-                        rec.error += f" (POST {self.url})"
+                        rec.error += f" (POST {self.shown_url})"
+                    return
+                if resp.content_type == "application/json":  # an answer, not a stream
+                    rec.status, rec.error = "error", _not_a_stream(await resp.text())
                     return
                 buf, done = b"", False
                 # Read whatever has arrived and split it into events ourselves: one await per
@@ -113,11 +120,11 @@ class OpenAIBackend:
                 async for data in resp.content.iter_any():
                     now = clock() - t0
                     *events, buf = (buf + data).replace(b"\r\n", b"\n").split(b"\n\n")
-                    if self._take(events, now, rec, texts, usage):
+                    if self._take(events, now, rec, texts, usage, finished):
                         done = True
                         break
                 if not done and buf.strip():  # a last event without its closing blank line
-                    done = self._take([buf], clock() - t0, rec, texts, usage)
+                    done = self._take([buf], clock() - t0, rec, texts, usage, finished)
             rec.end_s = clock() - t0
         except asyncio.CancelledError:
             rec.status, rec.error = "cancelled", "the run was stopped"
@@ -125,9 +132,10 @@ class OpenAIBackend:
             self._keep_partial(rec, texts, usage)
             raise
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as e:
-            rec.status, rec.error = "error", f"{type(e).__name__}: {e}" if str(e) else repr(e)
+            error = f"{type(e).__name__}: {e}" if str(e) else repr(e)
+            rec.status, rec.error = "error", error.replace(self.url, self.shown_url)
             if isinstance(e, aiohttp.ClientConnectionError | TimeoutError):
-                rec.error += f" (POST {self.url})"
+                rec.error += f" (POST {self.shown_url})"
             rec.end_s = clock() - t0
             self._keep_partial(rec, texts, usage)
             return
@@ -141,9 +149,15 @@ class OpenAIBackend:
         if rec.finish_reason in ("abort", "error"):  # vLLM's and ours: the server gave up
             rec.status = "error"
             rec.error = f"the server ended the stream with finish_reason {rec.finish_reason!r}"
-        elif not done and rec.finish_reason is None and not usage:  # usage comes last too
+        elif not done:  # whatever came before: the server may have died mid-answer
             rec.status = "error"
             rec.error = f"the stream was cut after {len(rec.chunk_s)} chunks (no [DONE])"
+        elif len(finished) < rec.n:  # a choice without its finish chunk: cut short too
+            rec.status = "error"
+            rec.error = (
+                f"the stream ended with {rec.n - len(finished)} of {rec.n} completions "
+                "unfinished (no finish_reason)"
+            )
         else:
             rec.status = "ok"
 
@@ -163,6 +177,7 @@ class OpenAIBackend:
         rec: RequestRecord,
         texts: list[str],
         usage: dict[str, Any],
+        finished: set[int],
     ) -> bool:
         """Record a read's events; True once the stream is over ([DONE] or an error event)."""
         for event in events:
@@ -177,6 +192,10 @@ class OpenAIBackend:
             if chunk.get("usage"):
                 usage.update(chunk["usage"])
             for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict):
+                    raise ValueError(
+                        f"a stream chunk's choice is not a JSON object: {choice!r:.200}"
+                    )
                 if self.chat:  # reasoning models stream their thinking first: output too
                     delta = choice.get("delta") or {}
                     text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")
@@ -187,8 +206,10 @@ class OpenAIBackend:
                     texts.append(text)
                     if rec.n > 1:  # n choices stream interleaved: ITL is per choice
                         rec.chunk_choice.append(int(choice.get("index") or 0))
-                if choice.get("finish_reason") and rec.finish_reason not in ("abort", "error"):
-                    rec.finish_reason = choice["finish_reason"]  # one choice's abort fails it
+                if choice.get("finish_reason"):
+                    finished.add(int(choice.get("index") or 0))
+                    if rec.finish_reason not in ("abort", "error"):  # one choice's abort fails it
+                        rec.finish_reason = choice["finish_reason"]
         return False
 
     @staticmethod
@@ -196,7 +217,12 @@ class OpenAIBackend:
         data = _sse_data(event)
         if data is None:
             return None
-        return _DONE if data == b"[DONE]" else json.loads(data)
+        if data == b"[DONE]":
+            return _DONE
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):  # `data: 1`: the server's bug, this request's failure
+            raise ValueError(f"a stream chunk is not a JSON object: {data[:200]!r}")
+        return chunk
 
     def _count_tokens(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
         """Output tokens from the server's usage, else our tokenizer, else one per chunk; and
@@ -246,41 +272,15 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-def resolve_base_url(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> str:
-    """The OpenAI API root to send to: `http://host:port/v1` as given, or `http://host:port`
-    (vLLM's bench convention) when `/v1/models` answers there. Unreachable URLs are left as
-    they are: the test request then fails naming them."""
-    import urllib.error
-    import urllib.request
-
-    url = base_url.rstrip("/")
-    if url.endswith("/v1"):
-        return url
-    req = urllib.request.Request(f"{url}/v1/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
+def _not_a_stream(body: str) -> str:
+    """A 200 that is JSON, not events: the server's error message when it is one."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s):
-            return f"{url}/v1"
-    except urllib.error.HTTPError as e:
-        return f"{url}/v1" if e.code in (401, 403) else url  # there, but wants a key
-    except (OSError, ValueError):
-        return url
-
-
-def served_models(base_url: str, api_key: str | None = None, timeout_s: float = 10) -> list[str]:
-    """The model ids a server lists at /v1/models (what `vllm bench serve` uses when no model
-    is named)."""
-    import urllib.request
-
-    req = urllib.request.Request(f"{base_url.rstrip('/')}/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return [m["id"] for m in json.loads(resp.read())["data"]]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"could not list the models of {base_url} (pass --model): {e}") from e
+        value = json.loads(body)
+    except ValueError:
+        value = None
+    if isinstance(value, dict) and "error" in value:
+        return _error_message(body)
+    return f"the server answered with JSON, not a stream: {body[:500]}"
 
 
 def _error_message(body: str) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from loadgen.config import RunConfig
 from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter, RequestRecord
+from loadgen.redact import redact_url
 from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
 from loadgen.telemetry import Telemetry, spec_counts
@@ -60,13 +62,11 @@ class Target:
     @classmethod
     def external(cls, base_url: str) -> Target:
         """Any server: only its /metrics (vLLM serves it beside /v1), no process of ours."""
-        root = base_url.rstrip("/").removesuffix("/v1")
-        return cls("external", base_url, None, f"{root}/metrics")
+        return cls("external", base_url, None, _metrics_url(base_url))
 
     @classmethod
     def bundled(cls, base_url: str, pid: int | None) -> Target:
-        root = base_url.rstrip("/").removesuffix("/v1")
-        return cls("bundled", base_url, pid, f"{root}/metrics")
+        return cls("bundled", base_url, pid, _metrics_url(base_url))
 
     @classmethod
     def in_process(cls) -> Target:
@@ -86,8 +86,16 @@ class Target:
 
     def describe(self) -> dict[str, Any]:
         """For config.json."""
-        out = {"kind": self.kind} | ({"base_url": self.base_url} if self.base_url else {})
+        url = {"base_url": redact_url(self.base_url)} if self.base_url else {}
+        out = {"kind": self.kind} | url
         return out | ({"server": self.server} if self.server else {})
+
+
+def _metrics_url(base_url: str) -> str:
+    """/metrics beside the API root (/v1), the root's query kept."""
+    parts = urlsplit(base_url)
+    root = parts.path.rstrip("/").removesuffix("/v1")
+    return urlunsplit(parts._replace(path=f"{root}/metrics"))
 
 
 @dataclass(slots=True)

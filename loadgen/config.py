@@ -13,6 +13,7 @@ from typing import Any
 
 from loadgen.arrivals import ARRIVALS, Ramp
 from loadgen.metrics import SLO
+from loadgen.redact import parse_header, redact_settings
 from loadgen.traces import TRACE_FORMATS
 from loadgen.traffic import TrafficClass, parse_class_flag, resolve_classes
 from loadgen.workload import LengthDist
@@ -100,6 +101,7 @@ class RunConfig:
     telemetry_interval: float = 0.1  # seconds between telemetry samples
     out: str | None = None
     save_vllm_json: str | None = None  # also write the result as `vllm bench serve` would
+    overwrite_vllm_json: bool = False  # else an existing file there is refused
 
     @property
     def closed_loop(self) -> bool:
@@ -206,6 +208,7 @@ class RunConfig:
         if self.naive_batch is not None:
             self._validate_naive()
         self._validate_sim()
+        _check_extra_body(self.extra_body)
         if self.in_process and (self.headers or self.extra_body):
             raise ValueError("--header and --extra-body go over HTTP: not with --in-process")
         for key in ("input_len", "output_len"):
@@ -292,11 +295,8 @@ class RunConfig:
         return out | {k: v for k, v in given if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if d["api_key"]:
-            d["api_key"] = "***"
-        d["headers"] = {k: "***" if secret_header(k) else v for k, v in self.headers.items()}
-        return d
+        """For results files: credentials masked (loadgen/redact.py)."""
+        return redact_settings(dataclasses.asdict(self))  # type: ignore[return-value]
 
 
 def load_profile(name_or_path: str) -> dict[str, Any]:
@@ -380,7 +380,7 @@ def _coerce(key: str, value: Any) -> Any:
     if key in ("input_len", "output_len", "turns"):
         return str(value)
     if key == "headers":
-        return value if isinstance(value, dict) else dict(_header(h) for h in value)
+        return value if isinstance(value, dict) else dict(parse_header(h) for h in value)
     if key == "extra_body":
         return value if isinstance(value, dict) else _json_object(value)
     if key in (
@@ -401,11 +401,29 @@ def _coerce(key: str, value: Any) -> Any:
     return value
 
 
-def _header(text: str) -> tuple[str, str]:
-    name, sep, value = text.partition("=") if "=" in text else text.partition(":")
-    if not sep or not name.strip():
-        raise ValueError(f"header {text!r}: expected NAME=VALUE (or 'NAME: VALUE')")
-    return name.strip(), value.strip()
+# Body fields the load generator sets and reads back itself: one given in --extra-body would
+# replace what it sends while its records and figures assume its own (n=4 in the body, n=1
+# in the records: TPOT a quarter of the server's). Each is refused, naming what sets it.
+OWNED_BODY_KEYS = {
+    "n": "--n (records count every completion, ITL is taken per completion)",
+    "max_tokens": "--output-len (each request's own length)",
+    "max_completion_tokens": "--output-len (each request's own length)",
+    "ignore_eos": "--ignore-eos / --no-ignore-eos",
+    "stream": "nothing: the load generator streams every request to time its chunks",
+    "stream_options": "nothing: the load generator asks for usage to count tokens",
+    "model": "--model",
+    "prompt": "--input-len, --dataset or --trace",
+    "messages": "--input-len, --dataset or --trace (with --endpoint chat)",
+}
+
+
+def _check_extra_body(body: dict[str, Any]) -> None:
+    owned = [key for key in body if key in OWNED_BODY_KEYS]
+    if owned:
+        uses = "; ".join(f"{key!r}: use {OWNED_BODY_KEYS[key]}" for key in owned)
+        raise ValueError(
+            f"--extra-body sets what the load generator sets and measures itself ({uses})"
+        )
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -418,8 +436,3 @@ def _json_object(text: str) -> dict[str, Any]:
             f"--extra-body {text!r}: expected a JSON object, e.g. '{{\"min_p\": 0.1}}'"
         )
     return value
-
-
-def secret_header(header: str) -> bool:
-    """Header values never written to a results file: credentials of any kind."""
-    return any(word in header.lower() for word in ("auth", "key", "token", "secret", "cookie"))

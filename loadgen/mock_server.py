@@ -7,6 +7,11 @@ ttft = itl = 0 the whole stream goes out in one write: a server that costs as
 little as possible, for measuring the client's own capacity.
 
     python -m loadgen.mock_server --port 8100 --ttft 0.2 --itl 0.02
+
+It can also misbehave, as servers under stress or behind broken proxies do (MISBEHAVIOURS):
+every request with `--misbehave MODE`, or those whose model is MODE (`--model cut`), or every
+K-th request of that model from the second on (`--model cut@2`: the test request passes;
+`cut@2+a` and `cut@2+b` count apart).
 """
 
 from __future__ import annotations
@@ -31,6 +36,35 @@ class MockTiming:
 
 TIMING_KEY = web.AppKey("timing", MockTiming)
 COUNT_KEY = web.AppKey("count", list)
+MODE_KEY = web.AppKey("mode", dict)  # misbehave: the default mode, required headers, counts
+
+MISBEHAVIOURS = {
+    "cut": "the stream stops after choice 0's finish chunk: no usage, no [DONE], and with n > 1 "
+    "the other choices without their last chunk",
+    "non-object": "a `data: 1` event before the first chunk",
+    "json-error": "HTTP 200 with a JSON error body instead of a stream",
+    "escape-error": "HTTP 400 whose error message holds terminal escape sequences",
+}
+ESCAPE_ERROR = "\x1b]0;pwned\x07\x1b[2J\x1b[1;31mthe server says no\x1b[0m\r\x08"
+JSON_ERROR = "the model is overloaded (mock)"
+
+
+def _misbehaviour(app: web.Application, model: str) -> str | None:
+    """The mode this request gets: the server's, or its model's (`MODE` or `MODE@K`)."""
+    mode, _, every = model.partition("@")
+    every = every.partition("+")[0]
+    if mode not in MISBEHAVIOURS:
+        return app[MODE_KEY]["default"]
+    counts = app[MODE_KEY]["counts"]
+    counts[model] = counts.get(model, 0) + 1
+    if every and (counts[model] == 1 or counts[model] % int(every)):
+        return None
+    return mode
+
+
+def _error(message: str, status: int, code: int | None = None) -> web.Response:
+    error = {"message": message, "type": "BadRequestError", "code": code or status}
+    return web.json_response({"error": error}, status=status)
 
 
 def _chunk(chat: bool, text: str, finish: str | None = None, index: int = 0) -> bytes:
@@ -57,6 +91,14 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     timing = request.app[TIMING_KEY]
     body = await request.json()
     request.app[COUNT_KEY][0] += 1
+    for name, value in request.app[MODE_KEY]["headers"].items():
+        if request.headers.get(name) != value:
+            return _error(f"header {name} missing or wrong", 401)
+    mode = _misbehaviour(request.app, str(body.get("model") or ""))
+    if mode == "escape-error":
+        return _error(ESCAPE_ERROR, 400)
+    if mode == "json-error":
+        return _error(JSON_ERROR, 200, 503)
     max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     # the whole conversation, as a server's usage counts it
     prompt = " ".join(str(m["content"]) for m in body["messages"]) if chat else str(body["prompt"])
@@ -77,14 +119,23 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
         return web.json_response({"id": "mock", "choices": choices, "usage": usage})
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await resp.prepare(request)
+    last = n_chunks - 1
     chunks = [
-        b"".join(_chunk(chat, piece, "length" if k == n_chunks - 1 else None, i) for i in range(n))
+        b"".join(
+            _chunk(chat, piece, "length" if k == last else None, i)
+            for i in range(n)
+            if mode != "cut" or i == 0 or k < last  # cut: only choice 0 finishes
+        )
         for k in range(n_chunks)
     ]
+    if mode == "non-object":
+        chunks[0] = b"data: 1\n\n" + chunks[0]
     tail = b""
     if timing.usage and (body.get("stream_options") or {}).get("include_usage"):
         tail = _usage(prompt_tokens, completion_tokens)
     tail += b"data: [DONE]\n\n"
+    if mode == "cut":
+        tail = b""
     if timing.ttft_s == 0 and timing.itl_s == 0:
         await resp.write(b"".join(chunks) + tail)
         return resp
@@ -111,10 +162,15 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "requests": request.app[COUNT_KEY][0]})
 
 
-def build_mock_app(timing: MockTiming) -> web.Application:
+def build_mock_app(
+    timing: MockTiming, misbehave: str | None = None, headers: dict[str, str] | None = None
+) -> web.Application:
+    """`misbehave`: every request's mode (MISBEHAVIOURS); `headers`: what every request must
+    carry (else a 401)."""
     app = web.Application()
     app[TIMING_KEY] = timing
     app[COUNT_KEY] = [0]
+    app[MODE_KEY] = {"default": misbehave, "headers": headers or {}, "counts": {}}
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/health", health)
@@ -130,9 +186,12 @@ def main() -> None:
     p.add_argument("--itl", type=float, default=0.01, help="seconds between chunks")
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
+    p.add_argument("--misbehave", choices=sorted(MISBEHAVIOURS), help="every request's mode")
+    p.add_argument("--require-header", action="append", default=[], help="'NAME: VALUE' (else 401)")
     a = p.parse_args()
     timing = MockTiming(a.ttft, a.itl, a.tokens_per_chunk, not a.no_usage)
-    app = build_mock_app(timing)
+    required = dict(h.split(": ", 1) for h in a.require_header)
+    app = build_mock_app(timing, a.misbehave, required)
     try:
         import uvloop  # the server must never be what limits a capacity measurement
 

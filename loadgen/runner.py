@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from loadgen.backends import Backend
 from loadgen.records import RequestRecord
+from loadgen.redact import printable
 from loadgen.sessions import Session, next_turn
 from loadgen.workload import RequestSpec
 
@@ -183,11 +184,15 @@ class LoadRunner:
         rid = f"{self.run_id}-probe"
         rec = RequestRecord(-1, rid, spec.input_len, spec.output_len, True, cls=spec.cls, n=spec.n)
         self.probe_record = rec
-        await self.backend.send(spec, rec, self.clock())
+        try:
+            await self.backend.send(spec, rec, self.clock())
+        except Exception as e:  # as _send: a backend's bug is this request's failure
+            rec.status, rec.error = "error", f"{type(e).__name__}: {e}"
         if not rec.ok:
-            where = getattr(self.backend, "url", self.backend.name)
+            where = getattr(self.backend, "shown_url", self.backend.name)
             status = f" (HTTP {rec.http_status})" if rec.http_status else ""
-            raise ProbeFailed(f"the test request to {where} failed{status}: {rec.error}")
+            error = printable(rec.error)  # for the terminal: the record keeps the raw text
+            raise ProbeFailed(f"the test request to {where} failed{status}: {error}")
 
     async def _warmup(self) -> None:
         """Warm-up requests, before the clock starts, at most `concurrency` at a time."""

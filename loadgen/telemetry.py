@@ -9,10 +9,12 @@ import contextlib
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from loadgen.endpoints import http_get
+from loadgen.redact import redact_url
 
 # Prometheus names of the engine gauges we follow: ours first, then vLLM's.
 ENGINE_GAUGES = {
@@ -156,7 +158,8 @@ class Telemetry:
             self._scrape(row)
             self.rows.append(row)
             if not self._scraped:
-                self.notes.append(f"no engine gauges: nothing read from {self.metrics_url}")
+                where = redact_url(self.metrics_url)
+                self.notes.append(f"no engine gauges: nothing read from {where}")
         if self._nvml is not None:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
@@ -212,7 +215,7 @@ class Telemetry:
 
     def _scrape(self, row: dict[str, float]) -> None:
         try:
-            with urllib.request.urlopen(self.metrics_url, timeout=1) as r:
+            with http_get(self.metrics_url, None, timeout_s=1) as r:
                 gauges = parse_gauges(r.read().decode())
             rss = gauges.pop("rss_bytes", None)
             if rss is not None and self._proc is None:  # a server we cannot see: its own word

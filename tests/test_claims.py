@@ -283,3 +283,16 @@ def test_resume_keeps_every_finished_claim(quick: tuple[Path, int, str]) -> None
     assert after["findings"] == json.loads(before)["findings"] and len(after["resumed"]) == 2
     code, printed = claims(out.parent, resume=str(out), quick=None)  # a full run's settings
     assert code == 2 and "other quick, model" in printed
+
+
+def test_claims_json_holds_no_credentials_of_the_server(tmp_path: Path) -> None:
+    """Issue 41 item 13: a --base-url with user:password@ or ?api_key= is written masked, and
+    a resume with the same URL still matches it."""
+    from bench_cli.claims.runner import _start
+
+    scale = Scale.of(True, None, "http://u:pw9@h:1/v1?api_key=sk-77")
+    _start(tmp_path, scale, [], resuming=False)
+    text = (tmp_path / "claims.json").read_text()
+    assert "pw9" not in text and "sk-77" not in text
+    assert json.loads(text)["base_url"] == "http://***@h:1/v1?api_key=***"
+    _start(tmp_path, scale, [], resuming=True)  # the same server: resumes

@@ -333,14 +333,15 @@ def test_headers_extra_body_and_sampling_are_parsed_and_recorded_without_secrets
     assert recorded["headers"] == {"X-Priority": "1", "Authorization": "***", "x-api-key": "***"}
     assert "sk-secret" not in repr(recorded) and "abc" not in repr(recorded)
     assert build().sampling() == {"temperature": 0.0}  # greedy by default
-    profile = {**BASE, "headers": {"X-A": "b"}, "extra_body": {"n": 1}}
-    assert (build(profile).headers, build(profile).extra_body) == ({"X-A": "b"}, {"n": 1})
+    profile = {**BASE, "headers": {"X-A": "b"}, "extra_body": {"min_p": 1}}
+    assert (build(profile).headers, build(profile).extra_body) == ({"X-A": "b"}, {"min_p": 1})
 
 
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        ({"headers": ["no-separator"]}, "expected NAME=VALUE"),
+        ({"headers": ["no-separator"]}, "expected 'NAME: VALUE'"),
+        ({"headers": ["Authorization Basic abc="]}, "expected 'NAME: VALUE'"),
         ({"extra_body": "{min_p: 0.1}"}, "not JSON"),
         ({"extra_body": "[1]"}, "expected a JSON object"),
         ({"temperature": -1.0}, "temperature must be >= 0"),
@@ -401,3 +402,90 @@ def test_a_profiles_data_file_may_be_named_relative_to_the_profile(tmp_path, mon
     dataset = next(b["dataset"] for b in bundles if "dataset" in b)
     kind, _, path = dataset.partition(":")
     assert kind == "sharegpt" and Path(path).is_absolute() and Path(path).is_file()
+
+
+# ---- credentials: sent, never written or printed (issue 41 item 13) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("Authorization: Basic YWJj=", ("Authorization", "Basic YWJj=")),  # '=' in the value
+        ("Authorization:Bearer a=b=c", ("Authorization", "Bearer a=b=c")),
+        ("X-Tenant=a", ("X-Tenant", "a")),
+        ("X-Url=http://x:1/y", ("X-Url", "http://x:1/y")),  # 'X-Url=http' is no header name
+        ("X-Team: infra=1", ("X-Team", "infra=1")),
+    ],
+)
+def test_headers_split_as_http_writes_them(text: str, parsed: tuple[str, str]) -> None:
+    assert build(headers=[text]).headers == dict([parsed])
+
+
+def test_a_bad_header_flag_never_echoes_its_value() -> None:
+    with pytest.raises(ValueError, match="expected 'NAME: VALUE'") as e:
+        build(headers=["Authorization Basic sekrit="])
+    assert "sekrit" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "X-Auth-Token", "X-Password"],
+)
+def test_credential_headers_are_masked(name: str) -> None:
+    recorded = build(headers=[f"{name}: sekrit", "X-Tenant: a"]).to_dict()
+    assert recorded["headers"] == {name: "***", "X-Tenant": "a"}
+
+
+def test_urls_lose_their_credentials_in_what_is_written() -> None:
+    from loadgen.redact import redact_url
+
+    url = "http://user:pa55@host:8000/v1?api_key=sk-1&api-version=2024&token=t0k"
+    shown = redact_url(url)
+    assert shown == "http://***@host:8000/v1?api_key=***&api-version=2024&token=***"
+    recorded = build(base_url=url, model="m").to_dict()
+    assert "pa55" not in repr(recorded) and "sk-1" not in repr(recorded)
+    assert "t0k" not in repr(recorded) and recorded["base_url"] == shown
+
+
+def test_the_api_path_goes_before_the_query() -> None:
+    from loadgen.backends import OpenAIBackend
+
+    backend = OpenAIBackend("http://u:p@h:1/v1/?api_key=k", "m")
+    assert backend.url == "http://u:p@h:1/v1/completions?api_key=k"
+    assert backend.shown_url == "http://***@h:1/v1/completions?api_key=***"
+
+
+def test_a_sweeps_plan_masks_header_flags_and_urls_too() -> None:
+    from bench_cli.sweep import masked
+
+    plan = {
+        "flags": {"headers": ["Authorization: Basic YWJj=", "X-Tenant=a"], "api_key": "sk"},
+        "profile": {"base_url": "http://u:p@h/v1", "headers": {"X-Auth-Token": "t"}},
+    }
+    assert masked(plan) == {
+        "flags": {"headers": ["Authorization: ***", "X-Tenant: a"], "api_key": "***"},
+        "profile": {"base_url": "http://***@h/v1", "headers": {"X-Auth-Token": "***"}},
+    }
+
+
+# ---- extra-body keys the load generator owns (issue 41 item 15) -------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "flag"),
+    [
+        ('{"n": 4}', "--n"),
+        ('{"max_tokens": 9}', "--output-len"),
+        ('{"max_completion_tokens": 9}', "--output-len"),
+        ('{"ignore_eos": false}', "--no-ignore-eos"),
+        ('{"stream": false}', "streams every request"),
+        ('{"stream_options": {"include_usage": false}}', "asks for usage"),
+        ('{"model": "x"}', "--model"),
+        ('{"prompt": "hi"}', "--input-len"),
+        ('{"messages": []}', "--input-len"),
+    ],
+)
+def test_extra_body_cannot_set_what_the_load_generator_measures(body: str, flag: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(flag)):
+        build(extra_body=body)
+    assert build(extra_body='{"min_p": 0.1, "priority": 1}').extra_body["min_p"] == 0.1

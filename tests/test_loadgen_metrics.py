@@ -234,16 +234,17 @@ async def _no_output(request: web.Request) -> web.StreamResponse:
 
 
 async def _done_then_hang(request: web.Request) -> web.StreamResponse:
-    resp = await _stream(request, _data({"choices": [{"index": 0, "text": "a"}]}))
+    last = {"index": 0, "text": "a", "finish_reason": "length"}
+    resp = await _stream(request, _data({"choices": [last]}))
     await resp.write(b"data: [DONE]\n\n")
     await asyncio.sleep(3)  # a proxy holding the stream open: [DONE] must end the read
     return resp
 
 
 async def _usage_without_blank_line(request: web.Request) -> web.StreamResponse:
-    text = _data({"choices": [{"index": 0, "text": "a b"}]})
-    usage = b"data: " + json.dumps({"choices": [], "usage": {"completion_tokens": 2}}).encode()
-    return await _stream(request, text, usage)  # the last event lacks its closing blank line
+    text = _data({"choices": [{"index": 0, "text": "a b", "finish_reason": "length"}]})
+    usage = _data({"choices": [], "usage": {"completion_tokens": 2}})
+    return await _stream(request, text, usage, b"data: [DONE]")  # no closing blank line
 
 
 def test_done_ends_the_read_and_a_last_unterminated_event_counts() -> None:
@@ -437,7 +438,9 @@ def test_headers_sampling_and_extra_body_reach_the_server() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         seen["headers"], seen["body"] = dict(request.headers), await request.json()
         return await _stream(
-            request, b'data: {"choices": [{"text": "x"}]}\n\n', b"data: [DONE]\n\n"
+            request,
+            b'data: {"choices": [{"text": "x", "finish_reason": "stop"}]}\n\n',
+            b"data: [DONE]\n\n",
         )
 
     flags = {

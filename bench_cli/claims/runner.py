@@ -18,6 +18,7 @@ from bench_cli.claims.claim import Claim, Scale, Simulation, models_run
 from bench_cli.claims.evidence import read_sweep
 from bench_cli.claims.verdict import Finding, unmeasurable
 from bench_cli.export import environment, run_dir, write_json
+from loadgen.redact import redact_url
 
 
 def run_claims(
@@ -133,7 +134,7 @@ def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> d
     record: dict[str, Any] = {
         "quick": scale.quick,
         "model": scale.model,
-        "base_url": scale.base_url,
+        "base_url": redact_url(scale.base_url) if scale.base_url else None,  # as resumed too
         "simulation": dataclasses.asdict(scale.sim) if scale.sim else None,
         "thresholds": {c.id: c.thresholds for c in claims},
         "environment": environment(),
