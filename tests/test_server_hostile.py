@@ -322,6 +322,27 @@ def test_slow_and_refused_bodies_leave_no_traceback(hostile: Server) -> None:
     mark.assert_clean()
 
 
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # TLS to a plain port
+        b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nContent-Length: -5\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    ],
+    ids=["tls-hello", "header-over-8k", "negative-length", "two-lengths"],
+)
+def test_broken_http_gets_a_4xx_or_a_close_and_no_traceback(hostile: Server, raw: bytes) -> None:
+    """The HTTP parser's refusals: aiohttp's own plain 4xx (no route ran), one log line."""
+    mark = LogMark(hostile)
+    s = socket.create_connection(("127.0.0.1", hostile.port), timeout=BODY_TIMEOUT_S * 5)
+    s.sendall(raw)
+    data = read_until_closed(s)
+    assert not data or 400 <= parse_raw(data).status < 500, data[:200]
+    assert http_request(hostile, "GET", "/health").status == 200
+    mark.assert_clean()
+
+
 # ---- clients that leave -------------------------------------------------------------------
 
 LONG = {"prompt": [1, 2, 3], "max_tokens": TINY_CONTEXT - 24, "ignore_eos": True, "n": 4}
@@ -398,7 +419,7 @@ def test_the_key_is_compared_by_digest_in_constant_time(monkeypatch: pytest.Monk
     assert calls == [(32, 32)] * len(calls) and len(calls) == 8
 
 
-def test_an_empty_key_is_refused_by_build_app() -> None:
+def test_an_empty_key_is_refused_by_the_app() -> None:
     with pytest.raises(ValueError, match="empty"):
         guard.make_guard("", ServerLimits())
 

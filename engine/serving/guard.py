@@ -106,9 +106,8 @@ async def read_body(request: web.Request) -> bytes:
     if request.content.is_eof():  # all of it is here already: no wait, no slot taken
         return await _read(request, guard)
     if guard.body_reads >= limits.max_body_reads:
-        err = _refused(guard, 503, "the server is receiving too many bodies at once; retry")
-        err.type = "server_error"
-        raise err
+        msg = "the server is receiving too many bodies at once; retry"
+        raise _refused(guard, 503, msg, "server_error")
     guard.body_reads += 1
     try:
         async with asyncio.timeout(limits.body_timeout_s):
@@ -132,9 +131,11 @@ async def _read(request: web.Request, guard: Guard) -> bytes:
         raise APIError(f"the body could not be read: {_first_line(e)}") from None
 
 
-def _refused(guard: Guard, status: int, message: str) -> APIError:
+def _refused(
+    guard: Guard, status: int, message: str, type_: str = "invalid_request_error"
+) -> APIError:
     guard.refused_total += 1
-    return APIError(message, status)
+    return APIError(message, status, type_=type_)
 
 
 def _first_line(e: Exception) -> str:
