@@ -45,7 +45,7 @@ from engine.serving.limits import API_KEY_ENV, ServerLimits
 C = "/v1/completions"
 CHAT = "/v1/chat/completions"
 TINY_CONTEXT = 1024
-BODY_TIMEOUT_S = 2
+BODY_TIMEOUT_S = 3
 MAX_BODY_READS = 4
 MAX_BODY_BYTES = 1_000_000
 BASE = '{"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": true'  # a field is appended

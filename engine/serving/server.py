@@ -1,6 +1,7 @@
-"""The OpenAI-compatible HTTP server for the engine (aiohttp): routes, auth, admission and
-request handlers for /v1/completions and /v1/chat/completions (SSE streaming or not, with
-usage), /v1/models, /health, /v1/engine/config and /metrics.
+"""The OpenAI-compatible HTTP server for the engine (aiohttp): routes, admission and request
+handlers for /v1/completions and /v1/chat/completions (SSE streaming or not, with usage),
+/v1/models, /health, /v1/engine/config and /metrics. The API key and the body limits are
+guard.py's.
 
 Bad input never reaches the engine: it is answered 4xx with an OpenAI-style error body."""
 
