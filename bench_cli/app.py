@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -12,6 +13,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from engine.serving.limits import API_KEY_ENV, ServerLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
 # Without a terminal (CI logs, a server's log file) rich would wrap at 80 columns, folding
@@ -246,8 +249,25 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     served_model_name: Annotated[str | None, typer.Option(help="name in the API")] = None,
-    api_key: Annotated[str | None, typer.Option(help="require 'Authorization: Bearer KEY'")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=API_KEY_ENV,
+            show_envvar=True,
+            help="require 'Authorization: Bearer KEY' on the /v1 routes (not /health, /metrics); "
+            "the variable keeps the key out of `ps`",
+        ),
+    ] = None,
     max_queue: Annotated[int, typer.Option(help="waiting requests beyond this get 429")] = 256,
+    max_body_bytes: Annotated[
+        int, typer.Option(min=1, help="a request body larger than this gets 413")
+    ] = ServerLimits.max_body_bytes,
+    body_timeout: Annotated[
+        float, typer.Option(min=0.001, help="seconds a whole request body may take to arrive: 408")
+    ] = ServerLimits.body_timeout_s,
+    max_body_reads: Annotated[
+        int, typer.Option(min=1, help="request bodies received at once; beyond it: 503")
+    ] = ServerLimits.max_body_reads,
     step_log: Annotated[
         str | None, typer.Option(help="append one JSON line per engine step to this file")
     ] = None,
@@ -278,25 +298,29 @@ def serve(
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
 
-    from aiohttp import web
-
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
     from engine.serving.async_engine import AsyncLLMEngine
-    from engine.serving.server import build_app
+    from engine.serving.server import build_app, run
 
+    if os.environ.get(API_KEY_ENV) == "" and api_key is None:  # click reads "" as unset
+        api_key = ""
+    if api_key is not None and not api_key:  # before minutes of loading, not after
+        raise typer.BadParameter(
+            "the API key is empty (an open server is started without --api-key and without "
+            f"{API_KEY_ENV})",
+            param_hint=f"--api-key / {API_KEY_ENV}",
+        )
+    limits = ServerLimits(max_body_bytes, body_timeout, max_body_reads)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     with engine_errors("serve"):
         engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
     engine.log_steps(step_log)
-    app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue)
+    app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue, limits)
     console.print(f"serving {model} on http://{host}:{port}/v1 · {engine_line(engine)}")
-    # handler_cancellation: a client that leaves a non-streamed request aborts it too.
-    web.run_app(
-        app, host=host, port=port, print=None, shutdown_timeout=10, handler_cancellation=True
-    )
+    run(app, host, port)
 
 
 Opt = typer.Option

@@ -295,7 +295,9 @@ class LLMEngine:
 
     def _fan_out(self, req: Request) -> list[Request]:
         """A request of n > 1 becomes n children with their own ids and indices; a seed
-        gives child i the seed + i (each its own stream of random numbers, as vLLM does)."""
+        gives child i the seed + i (each its own stream of random numbers, as vLLM does),
+        wrapped to 64 bits: torch seeds a generator with the value mod 2**64 anyway, and
+        2**64 - 1 + 1 would overflow it."""
         n = req.params.n
         if n == 1:
             return [req]
@@ -303,7 +305,7 @@ class LLMEngine:
         for i in range(n):
             params = dataclasses.replace(req.params, n=1)
             if params.seed is not None:
-                params.seed = req.params.seed + i
+                params.seed = (req.params.seed + i) % 2**64
             child = Request(
                 f"{req.request_id}{CHILD_SEP}{i}",
                 req.prompt_token_ids,

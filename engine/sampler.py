@@ -59,7 +59,10 @@ def _apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     p = torch.tensor(top_p, device=device)
     probs = sorted_logits.softmax(dim=-1)
-    # Keep the smallest prefix whose mass reaches top_p (always at least the top token).
+    # Keep the smallest prefix whose mass reaches top_p, and always the top token: a top_p
+    # below float32's smallest positive value is 0 here, which would drop every token
+    # (a row of NaN after softmax).
     drop = (probs.cumsum(dim=-1) - probs) >= p.unsqueeze(1)
+    drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, order, sorted_logits)

@@ -142,10 +142,14 @@ def queue_of_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The key from SERVEBENCH_API_KEY, as vLLM reads VLLM_API_KEY (not visible to `ps`)."""
     tmp = tmp_path_factory.mktemp("keyed")
-    with bench_serve(tmp, "--model", TINY, "--dtype", "float32", "--api-key", "secret") as s:
-        s.wait_healthy()
-        yield s
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SERVEBENCH_API_KEY", "secret")
+        with bench_serve(tmp, "--model", TINY, "--dtype", "float32") as s:
+            s.wait_healthy()
+            mp.undo()
+            yield s
 
 
 # ---- HTTP helpers -------------------------------------------------------------------------
@@ -606,8 +610,12 @@ def test_requests_beyond_the_queue_get_429_while_health_and_accepted_ones_go_on(
 )
 @pytest.mark.parametrize(
     ("method", "path", "body"),
-    [("GET", "/v1/models", None), ("POST", C, {"prompt": [5, 6], "max_tokens": 2})],
-    ids=["models", "completions"],
+    [
+        ("GET", "/v1/models", None),
+        ("POST", C, {"prompt": [5, 6], "max_tokens": 2}),
+        ("GET", "/v1/no-such-route", None),  # as vLLM: not probed without the key
+    ],
+    ids=["models", "completions", "unknown-v1-path"],
 )
 def test_v1_without_the_right_key_gets_401(
     keyed: Server, headers: dict[str, str], method: str, path: str, body: Any

@@ -1,6 +1,7 @@
-"""The OpenAI-compatible HTTP server for the engine (aiohttp): routes, auth, admission and
-request handlers for /v1/completions and /v1/chat/completions (SSE streaming or not, with
-usage), /v1/models, /health, /v1/engine/config and /metrics.
+"""The OpenAI-compatible HTTP server for the engine (aiohttp): routes, admission and request
+handlers for /v1/completions and /v1/chat/completions (SSE streaming or not, with usage),
+/v1/models, /health, /v1/engine/config and /metrics. The API key and the body limits are
+guard.py's.
 
 Bad input never reaches the engine: it is answered 4xx with an OpenAI-style error body."""
 
@@ -20,6 +21,15 @@ from aiohttp import web
 
 from engine.model.tokenizer import LONG_TEXT_CHARS, Tokenizer
 from engine.serving.async_engine import AsyncLLMEngine
+from engine.serving.guard import (
+    GUARD_KEY,
+    ClientFaults,
+    errors_and_auth,
+    make_guard,
+    raise_fd_limit,
+    read_json,
+)
+from engine.serving.limits import ServerLimits
 from engine.serving.metrics import Histogram, render_page
 from engine.serving.protocol import (
     APIError,
@@ -40,7 +50,6 @@ STATE_KEY = web.AppKey("state", "ServerState")
 @dataclass
 class ServerState:
     model_name: str
-    api_key: str | None
     max_queue: int
     started_at: float
     config: dict[str, Any]
@@ -48,52 +57,6 @@ class ServerState:
     requests_total: int = 0
     rejected_total: int = 0
     queue_time_s: Histogram = field(default_factory=Histogram)  # observed by the engine thread
-
-
-def error_response(err: APIError) -> web.Response:
-    return web.json_response(err.body(), status=err.status)
-
-
-@web.middleware
-async def errors_and_auth(request: web.Request, handler: Any) -> web.StreamResponse:
-    state = request.app[STATE_KEY]
-    authorized = request.headers.get("Authorization", "") == f"Bearer {state.api_key}"
-    if state.api_key and request.path.startswith("/v1/") and not authorized:
-        err = APIError("invalid or missing API key", 401, type_="authentication_error")
-        return error_response(err)
-    try:
-        return await handler(request)
-    except APIError as e:
-        return error_response(e)
-    except web.HTTPException as e:
-        if e.status >= 400:
-            return error_response(APIError(e.reason, e.status, type_="invalid_request_error"))
-        raise
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception as e:  # a bug of ours: still an OpenAI-shaped answer, and a traceback
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        err = APIError(f"internal error: {type(e).__name__}", 500, type_="server_error")
-        return error_response(err)
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """JSON is UTF-8 (RFC 8259), so the body's bytes are parsed whatever charset the header
-    names, as vLLM's server does. Python's parser raises more than JSONDecodeError on
-    absurd input: ValueError for integers past its digit limit, RecursionError for deep
-    nesting; each is the client's fault."""
-    raw = await request.read()
-    try:
-        body = json.loads(raw)
-    except RecursionError as e:
-        raise APIError("the body is not valid JSON: it is nested too deeply") from e
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, too many digits
-        if str(e).startswith("Exceeds the limit"):  # Python's int-string limit (4,300 digits)
-            raise APIError(f"a number in the body has too many digits: {e}".split(";")[0]) from e
-        raise APIError(f"the body is not valid JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise APIError("the body must be a JSON object")
-    return body
 
 
 def check_model(state: ServerState, body: dict[str, Any]) -> None:
@@ -212,11 +175,18 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
             raise APIError(str(e), param="prompt") from e
     state.requests_total += len(streams)
     meta = {"id": base_id, "created": int(time.time()), "model": state.model_name}
-    if parsed.stream:
-        return await stream_response(
-            request, streams, parsed.include_usage, chat, meta, state.ttft_s, parsed.params.n
-        )
-    return await full_response(streams, chat, meta, parsed.params.n)
+    try:
+        if parsed.stream:
+            return await stream_response(
+                request, streams, parsed.include_usage, chat, meta, state.ttft_s, parsed.params.n
+            )
+        return await full_response(streams, chat, meta, parsed.params.n)
+    except asyncio.CancelledError:  # handler_cancellation: the client left
+        log.info("client of %s left; its request was aborted", base_id)
+        raise
+    finally:  # finished streams: nothing; any an answer left behind (a client gone): aborted
+        for s in streams:
+            await s.aclose()
 
 
 def raise_context(n_prompt: int, max_tokens: int, max_len: int) -> None:
@@ -339,6 +309,12 @@ async def metrics(request: web.Request) -> web.Response:
             state.rejected_total,
             "requests refused: queue full",
         ),
+        "requests_refused_by_limits_total": (
+            "counter",
+            request.app[GUARD_KEY].refused_total,
+            "requests refused by the HTTP limits: body too large (413), too slow (408), "
+            "too many bodies being received (503)",
+        ),
         "server_start_time_seconds": ("gauge", state.started_at, "unix time the server started"),
     }
     histograms = {
@@ -354,9 +330,17 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def build_app(
-    engine: AsyncLLMEngine, model_name: str, api_key: str | None = None, max_queue: int = 256
+    engine: AsyncLLMEngine,
+    model_name: str,
+    api_key: str | None = None,
+    max_queue: int = 256,
+    limits: ServerLimits | None = None,
 ) -> web.Application:
-    app = web.Application(middlewares=[errors_and_auth], client_max_size=16 * 2**20)
+    """The app; an empty `api_key` is refused (ValueError): it would be an open server."""
+    limits = limits or ServerLimits()
+    guard = make_guard(api_key, limits)
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=limits.max_body_bytes)
+    app[GUARD_KEY] = guard
     cfg = engine.engine.config
     flat = {
         "model": cfg.model,
@@ -376,7 +360,7 @@ def build_app(
     if engine.engine.tokenizer is not None:
         _ = engine.engine.tokenizer.max_token_chars  # computed once now, not on the event loop
     app[ENGINE_KEY] = engine
-    state = ServerState(model_name, api_key, max_queue, time.time(), flat, Histogram())
+    state = ServerState(model_name, max_queue, time.time(), flat, Histogram())
     engine.engine.on_queue_time = state.queue_time_s.observe
     app[STATE_KEY] = state
     app.router.add_post("/v1/completions", completions)
@@ -395,3 +379,22 @@ def build_app(
     app.on_startup.append(on_startup)
     app.on_shutdown.append(on_shutdown)
     return app
+
+
+def run(app: web.Application, host: str, port: int) -> None:
+    """Serve until SIGINT/SIGTERM. handler_cancellation: a client that leaves a non-streamed
+    request aborts it too. lingering_time 0: a body the server refused or could not decode
+    is not read on after the answer (a slow client would hold its socket 10 s more, and a
+    bad gzip stream would fail again there); the connection closes instead."""
+    raise_fd_limit()
+    logging.getLogger("aiohttp.server").addFilter(ClientFaults())
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        print=None,
+        shutdown_timeout=10,
+        handler_cancellation=True,
+        lingering_time=0,
+        backlog=2048,  # uvicorn's (and so vLLM's) default
+    )
