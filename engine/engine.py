@@ -551,14 +551,14 @@ class LLMEngine:
         if detok is not None:
             before = len(req.output_text)
             req.output_text += detok.step(req.token_ids)
-            for stop in params.stop:
-                idx = req.output_text.find(stop, max(0, before - len(stop) + 1))
-                if idx >= 0:
-                    end = idx + len(stop) if params.include_stop_str_in_output else idx
-                    req.output_text = req.output_text[:end]
-                    req.stop_reason = stop
-                    self._finish(req, FinishReason.STOP, flush=False)
-                    return
+            found = req.stop_matcher.find(req.output_text, before) if req.stop_matcher else None
+            if found is not None:
+                idx, stop = found
+                end = idx + len(stop) if params.include_stop_str_in_output else idx
+                req.output_text = req.output_text[:end]
+                req.stop_reason = stop
+                self._finish(req, FinishReason.STOP, flush=False)
+                return
         if token in req.stop_token_ids:
             req.stop_reason = token if token in params.stop_token_ids else None
             self._finish(req, FinishReason.STOP)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.core.stop_strings import StopMatcher, check_stops, matcher
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -38,8 +40,7 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (or -1 for off), got {self.top_k}")
         if not 1 <= self.n <= 256:
             raise ValueError(f"n must be in [1, 256], got {self.n}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+        check_stops(self.stop)
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
 
@@ -119,9 +120,10 @@ class Request:
         # While a stop string could still complete, its first characters may already be at
         # the end of the text: hold them back from streamed outputs (as vLLM does) so that no
         # output ever shows text the final one cuts away.
+        self.stop_matcher: StopMatcher | None = matcher(tuple(params.stop)) if params.stop else None
         self.stop_hold = 0
-        if params.stop and not params.include_stop_str_in_output:
-            self.stop_hold = max(len(s) for s in params.stop) - 1
+        if self.stop_matcher is not None and not params.include_stop_str_in_output:
+            self.stop_hold = self.stop_matcher.max_len - 1
         self.error: str | None = None
 
     @property

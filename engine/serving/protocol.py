@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core.request import SamplingParams
+from engine.core.stop_strings import check_stops
 from engine.model.tokenizer import check_unicode
 
 
@@ -185,6 +186,10 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise APIError("'stop' must be a non-empty string or a list of them", param="stop")
+    try:
+        check_stops(stop)
+    except ValueError as e:
+        raise APIError(f"'stop': {e}", param="stop") from e
     stop_token_ids = _typed(body, "stop_token_ids", (list,), [])
     if not all(_is_int(t) for t in stop_token_ids):
         raise APIError("'stop_token_ids' must be a list of integers", param="stop_token_ids")
