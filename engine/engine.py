@@ -368,6 +368,12 @@ class LLMEngine:
                     outputs.append(self._output(req, []))
         return outputs
 
+    @property
+    def num_waiting(self) -> int:
+        """Sequences added and not running: the scheduler's waiting ones and the siblings of
+        parallel-sampling requests held back for their prompt's blocks (each child counts)."""
+        return self.scheduler.num_waiting + sum(len(h) for h in self._held.values())
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._held)
 
@@ -491,7 +497,7 @@ class LLMEngine:
             "dur_s": dur,
             **shape.as_dict(),  # prefill/decode tokens, seqs, context, ... (cost.py)
             "running": len(self.scheduler.running),
-            "waiting": self.scheduler.num_waiting,
+            "waiting": self.num_waiting,
             "kv_blocks_used": self.kv.num_used_blocks,
             "preempted": preempted,
             "cached_tokens": cached_tokens,  # admitted from the prefix cache, not computed
@@ -603,7 +609,7 @@ class LLMEngine:
         token_bytes = block_bytes // self.config.cache.block_size
         return {
             "num_running": len(self.scheduler.running),
-            "num_waiting": self.scheduler.num_waiting,
+            "num_waiting": self.num_waiting,
             "num_preemptions": self.scheduler.num_preemptions,
             "kv_blocks_used": self.kv.num_used_blocks,
             "kv_blocks_total": self.kv.num_blocks,
