@@ -256,6 +256,11 @@ class LLMEngine:
         ):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         self.scheduler.check_fits(len(ids), params.max_tokens)
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            outside = sorted(t for t in params.logit_bias if t >= vocab)[:5]
+            raise ValueError(
+                f"logit_bias has token ids outside the vocabulary (size {vocab}): {outside}"
+            )
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         return Request(request_id, ids, params, text, arrival_time, self.eos_token_ids, priority)
@@ -554,10 +559,14 @@ class LLMEngine:
     def _process_token(self, req: Request, token: int) -> None:
         params = req.params
         detok = self._detokenizers.get(req.request_id)
+        # min_tokens (vLLM's rule): stop tokens count from that many output tokens on, stop
+        # strings only after them (the sampler masks EOS and stop tokens until then).
+        stops_count = req.num_output_tokens >= params.min_tokens
         if detok is not None:
             before = len(req.output_text)
             req.output_text += detok.step(req.token_ids)
-            found = req.stop_matcher.find(req.output_text, before) if req.stop_matcher else None
+            matcher = req.stop_matcher if req.num_output_tokens > params.min_tokens else None
+            found = matcher.find(req.output_text, before) if matcher else None
             if found is not None:
                 idx, stop = found
                 end = idx + len(stop) if params.include_stop_str_in_output else idx
@@ -565,7 +574,7 @@ class LLMEngine:
                 req.stop_reason = stop
                 self._finish(req, FinishReason.STOP, flush=False)
                 return
-        if token in req.stop_token_ids:
+        if stops_count and token in req.stop_token_ids:
             req.stop_reason = token if token in params.stop_token_ids else None
             self._finish(req, FinishReason.STOP)
         elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:

@@ -12,7 +12,7 @@ from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.serving.async_engine import AsyncLLMEngine
-from engine.serving.server import ServerState, build_app
+from engine.serving.server import ENGINE_KEY, ServerState, build_app
 
 
 def tiny_engine() -> LLMEngine:
@@ -90,3 +90,17 @@ def test_max_queue_counts_sequences_not_prompts(
     assert "sequences" in answer["error"]["message"] and state.rejected_total == rejected + 1
     status, answer = post(client, {**body, "n": 2})
     assert status == 200 and len(answer["choices"]) == 2, answer
+
+
+def test_sampling_extensions_are_served_and_bias_past_the_vocabulary_is_a_400(
+    client: Any,
+) -> None:
+    body = {"prompt": [5, 6], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    status, plain = post(client, body)
+    assert status == 200, plain
+    extras = {"min_tokens": 2, "presence_penalty": 1.0, "repetition_penalty": 1.2, "min_p": 0.1}
+    status, answer = post(client, {**body, **extras})
+    assert status == 200 and answer["usage"]["completion_tokens"] == 4, answer
+    vocab = client[0].server.app[ENGINE_KEY].engine.model_config.vocab_size
+    status, answer = post(client, {**body, "logit_bias": {str(vocab): 1}})
+    assert status == 400 and answer["error"]["param"] == "logit_bias", answer

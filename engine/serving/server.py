@@ -193,6 +193,11 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
     base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     tokenizer = engine.engine.tokenizer
     n = parsed.params.n
+    vocab = engine.engine.model_config.vocab_size
+    if parsed.params.logit_bias and max(parsed.params.logit_bias) >= vocab:
+        raise APIError(
+            f"'logit_bias' has token ids past the vocabulary ({vocab})", param="logit_bias"
+        )
     check_capacity(
         request, len(parsed.prompts), n
     )  # before the work of tokenizing, and again after
