@@ -267,5 +267,11 @@ def _logit_bias(body: dict[str, Any]) -> dict[int, float] | None:
     return bias
 
 
+def check_logit_bias(params: SamplingParams, vocab: int) -> None:
+    if params.logit_bias and max(params.logit_bias) >= vocab:
+        msg = f"'logit_bias' has token ids past the vocabulary ({vocab})"
+        raise APIError(msg, param="logit_bias")
+
+
 def parse_completion(body: dict[str, Any]) -> ParsedRequest:
     return parse_common(body, _prompts(body), chat=False)

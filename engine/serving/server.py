@@ -24,6 +24,7 @@ from engine.serving.metrics import Histogram, render_page
 from engine.serving.protocol import (
     APIError,
     ParsedRequest,
+    check_logit_bias,
     parse_common,
     parse_completion,
     parse_messages,
@@ -193,14 +194,8 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
     base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     tokenizer = engine.engine.tokenizer
     n = parsed.params.n
-    vocab = engine.engine.model_config.vocab_size
-    if parsed.params.logit_bias and max(parsed.params.logit_bias) >= vocab:
-        raise APIError(
-            f"'logit_bias' has token ids past the vocabulary ({vocab})", param="logit_bias"
-        )
-    check_capacity(
-        request, len(parsed.prompts), n
-    )  # before the work of tokenizing, and again after
+    check_logit_bias(parsed.params, engine.engine.model_config.vocab_size)
+    check_capacity(request, len(parsed.prompts), n)  # before tokenizing, and again after
     prompts: list[list[int]] = []
     for prompt in parsed.prompts:  # validate every prompt before queueing any
         if isinstance(prompt, str):
