@@ -256,6 +256,11 @@ class LLMEngine:
         ):
             raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         self.scheduler.check_fits(len(ids), params.max_tokens)
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            outside = sorted(t for t in params.logit_bias if t >= vocab)[:5]
+            raise ValueError(
+                f"logit_bias has token ids outside the vocabulary (size {vocab}): {outside}"
+            )
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"priority must be an integer, got {priority!r}")
         return Request(request_id, ids, params, text, arrival_time, self.eos_token_ids, priority)
@@ -369,6 +374,12 @@ class LLMEngine:
                     self._finish(req, FinishReason.ERROR, flush=False)
                     outputs.append(self._output(req, []))
         return outputs
+
+    @property
+    def num_waiting(self) -> int:
+        """Sequences added and not running: the scheduler's waiting ones and the siblings of
+        parallel-sampling requests held back for their prompt's blocks (each child counts)."""
+        return self.scheduler.num_waiting + sum(len(h) for h in self._held.values())
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._held)
@@ -493,7 +504,7 @@ class LLMEngine:
             "dur_s": dur,
             **shape.as_dict(),  # prefill/decode tokens, seqs, context, ... (cost.py)
             "running": len(self.scheduler.running),
-            "waiting": self.scheduler.num_waiting,
+            "waiting": self.num_waiting,
             "kv_blocks_used": self.kv.num_used_blocks,
             "preempted": preempted,
             "cached_tokens": cached_tokens,  # admitted from the prefix cache, not computed
@@ -550,18 +561,22 @@ class LLMEngine:
     def _process_token(self, req: Request, token: int) -> None:
         params = req.params
         detok = self._detokenizers.get(req.request_id)
+        # min_tokens (vLLM's rule): stop tokens count from that many output tokens on, stop
+        # strings only after them (the sampler masks EOS and stop tokens until then).
+        stops_count = req.num_output_tokens >= params.min_tokens
         if detok is not None:
             before = len(req.output_text)
             req.output_text += detok.step(req.token_ids)
-            for stop in params.stop:
-                idx = req.output_text.find(stop, max(0, before - len(stop) + 1))
-                if idx >= 0:
-                    end = idx + len(stop) if params.include_stop_str_in_output else idx
-                    req.output_text = req.output_text[:end]
-                    req.stop_reason = stop
-                    self._finish(req, FinishReason.STOP, flush=False)
-                    return
-        if token in req.stop_token_ids:
+            matcher = req.stop_matcher if req.num_output_tokens > params.min_tokens else None
+            found = matcher.find(req.output_text, before) if matcher else None
+            if found is not None:
+                idx, stop = found
+                end = idx + len(stop) if params.include_stop_str_in_output else idx
+                req.output_text = req.output_text[:end]
+                req.stop_reason = stop
+                self._finish(req, FinishReason.STOP, flush=False)
+                return
+        if stops_count and token in req.stop_token_ids:
             req.stop_reason = token if token in params.stop_token_ids else None
             self._finish(req, FinishReason.STOP)
         elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
@@ -605,7 +620,7 @@ class LLMEngine:
         token_bytes = block_bytes // self.config.cache.block_size
         return {
             "num_running": len(self.scheduler.running),
-            "num_waiting": self.scheduler.num_waiting,
+            "num_waiting": self.num_waiting,
             "num_preemptions": self.scheduler.num_preemptions,
             "kv_blocks_used": self.kv.num_used_blocks,
             "kv_blocks_total": self.kv.num_blocks,

@@ -9,10 +9,13 @@ from __future__ import annotations
 import torch
 
 from engine.core.request import Request, SamplingParams
+from engine.logits_processors import apply_processors
 
 
 def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Generator) -> list[int]:
     """logits: [N, vocab], one row per request. Returns one token id per row."""
+    if any(r.params.processes_logits for r in requests):  # logit_bias, penalties, ...
+        logits = apply_processors(logits, requests)
     # Argmax needs no upcast (bf16 -> fp32 is exact), and skipping it saves a
     # [N, vocab] float32 copy every step.
     greedy = logits.argmax(dim=-1)
@@ -32,11 +35,16 @@ def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Gener
 
 def probabilities(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Float32 [N, vocab]: the distribution each row's request samples from (its temperature,
-    top-k and top-p applied); a greedy row's is tempered by 1."""
+    min-p, top-k and top-p applied); a greedy row's is tempered by 1."""
     logits = logits.float()
     device = logits.device
     temperature = torch.tensor([1.0 if p.greedy else p.temperature for p in params], device=device)
     logits = logits / temperature.unsqueeze(1)
+    min_p = [p.min_p for p in params]
+    if any(min_p):  # vLLM's order: after the temperature, before top-k and top-p
+        probs = logits.softmax(dim=-1)
+        floor = probs.amax(dim=-1, keepdim=True) * torch.tensor(min_p, device=device).unsqueeze(1)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     top_k = [p.top_k for p in params]
     top_p = [p.top_p for p in params]
     if any(top_k) or any(p < 1.0 for p in top_p):

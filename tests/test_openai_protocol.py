@@ -50,6 +50,12 @@ FIELDS = [
     "logprobs",
     "ignore_eos",
     "model",
+    "logit_bias",
+    "min_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "min_p",
 ]
 bodies = st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=8)
 

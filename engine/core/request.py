@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
+
+from engine.core.stop_strings import StopMatcher, check_stops, matcher
 
 
 @dataclass(slots=True)
@@ -22,6 +26,15 @@ class SamplingParams:
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     n: int = 1
+    # vLLM's logits processors and penalties (engine/logits_processors.py).
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
+    min_tokens: int = 0  # EOS and stop tokens are masked, stop strings ignored, until then
+    presence_penalty: float = 0.0  # [-2, 2]: subtracted once from tokens the output has
+    frequency_penalty: float = 0.0  # [-2, 2]: subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # > 0: divides (or multiplies) prompt+output logits
+    min_p: float = 0.0  # [0, 1]: drops tokens under min_p x the most likely one's probability
+    # Whether any of the six is set: the sampler skips their work for a batch without one.
+    processes_logits: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -38,8 +51,43 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (or -1 for off), got {self.top_k}")
         if not 1 <= self.n <= 256:
             raise ValueError(f"n must be in [1, 256], got {self.n}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+        check_stops(self.stop)
+        self._check_logits_processing()
+
+    def _check_logits_processing(self) -> None:
+        """vLLM's ranges for the logits processors and penalties."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if not 0.0 < self.repetition_penalty < math.inf:
+            raise ValueError(
+                f"repetition_penalty must be greater than zero, got {self.repetition_penalty}"
+            )
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int):
+            raise ValueError(f"min_tokens must be an integer, got {self.min_tokens!r}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.logit_bias:
+            for token, bias in self.logit_bias.items():
+                if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                    raise ValueError(f"logit_bias keys must be token ids, got {token!r}")
+                if isinstance(bias, bool) or not isinstance(bias, int | float):
+                    raise ValueError(f"logit_bias values must be numbers, got {bias!r}")
+                if not math.isfinite(bias):
+                    raise ValueError(f"logit_bias values must be finite, got {bias}")
+        self.processes_logits = bool(
+            self.logit_bias
+            or self.min_tokens
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.min_p
+        )
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
 
@@ -119,10 +167,12 @@ class Request:
         # While a stop string could still complete, its first characters may already be at
         # the end of the text: hold them back from streamed outputs (as vLLM does) so that no
         # output ever shows text the final one cuts away.
+        self.stop_matcher: StopMatcher | None = matcher(tuple(params.stop)) if params.stop else None
         self.stop_hold = 0
-        if params.stop and not params.include_stop_str_in_output:
-            self.stop_hold = max(len(s) for s in params.stop) - 1
+        if self.stop_matcher is not None and not params.include_stop_str_in_output:
+            self.stop_hold = self.stop_matcher.max_len - 1
         self.error: str | None = None
+        self.logits_prepared: Any = None  # logits_processors.py's tensors, made when needed
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -8,19 +8,20 @@ finished: the baseline that continuous batching is compared against.
 Policies (vLLM's names): `fcfs` admits in arrival order and, when the KV pool runs out,
 preempts the most recently admitted request. `priority` admits in (priority, arrival) order,
 preempts the lowest-priority, latest-arrived running request, and lets a waiting request of
-higher priority preempt a running one of lower priority when no block or seat is free."""
+higher priority preempt a running one of lower priority when no block or seat is free.
+The waiting queues (request_queue.py) take O(log n) an operation under either policy."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engine.config import SchedulerConfig
 from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import FinishReason, Request, RequestStatus
+from engine.core.request_queue import RequestQueue
 from engine.model.cost import StepShape, step_shape
 
 
@@ -69,12 +70,13 @@ class Scheduler:
         self.config = config
         self.kv = kv
         self.max_model_len = max_model_len
-        self.waiting: deque[Request] = deque()
+        self.by_priority = config.scheduling_policy == "priority"
+        order = self.key if self.by_priority else None
+        self.waiting = RequestQueue(order)
         self.running: list[Request] = []
         # Static batching: members of the current batch that are not running yet.
-        self.batch_waiting: deque[Request] = deque()
+        self.batch_waiting = RequestQueue(order)
         self.num_preemptions = 0
-        self.by_priority = config.scheduling_policy == "priority"
         self._seq = itertools.count()  # arrival order among equal arrival times
         # Requests' engine timestamps (first scheduled, finished): wall clock, or the
         # simulated engine's virtual one (engine/sim).
@@ -123,23 +125,11 @@ class Scheduler:
         sibling of a parallel-sampling request)."""
         if req.arrival_seq is None:
             req.arrival_seq = next(self._seq)
-        if self.by_priority:
-            self._insert(self.waiting, req)
-        elif front:
-            self.waiting.appendleft(req)
-        else:
-            self.waiting.append(req)
+        self.waiting.add(req, front)  # under `priority`, by its key: `front` is moot
 
     def key(self, req: Request) -> tuple[int, float, int]:
         """Service order under `priority`: lower priority value, then earlier arrival."""
         return (req.priority, req.metrics.arrival_time, req.arrival_seq or 0)
-
-    def _insert(self, queue: deque[Request], req: Request) -> None:
-        k = self.key(req)
-        i = len(queue)
-        while i > 0 and self.key(queue[i - 1]) > k:  # queues are short; most go at the end
-            i -= 1
-        queue.insert(i, req)
 
     # ---- one step ----------------------------------------------------------------------
 
@@ -173,13 +163,13 @@ class Scheduler:
         assert total is not None
         queue = self._admission_queue()
         while queue and (budget := total - out.num_batched_tokens) > 0:
-            req = queue[0]
+            req = queue.peek()
             if req in out.preempted:  # the best waiting one could not stay: no room now
                 break
             full = len(self.running) >= self.config.max_num_seqs
             result = "no seat" if full else self._admit(req, budget, out)
             if result == "admitted":
-                queue.popleft()
+                queue.pop()
             elif result == "no budget" or not self._preempt_for(req, out):
                 break
 
@@ -265,17 +255,14 @@ class Scheduler:
         req.metrics.num_preemptions += 1
         self.num_preemptions += 1
         queue = self.batch_waiting if self.config.batching == "static" else self.waiting
-        if self.by_priority:
-            self._insert(queue, req)
-        else:
-            queue.appendleft(req)
+        queue.add(req, front=True)  # fcfs: ahead of all; priority: by its key
 
-    def _admission_queue(self) -> deque[Request]:
+    def _admission_queue(self) -> RequestQueue:
         if self.config.batching == "continuous":
             return self.waiting
         if not self.running and not self.batch_waiting:  # waiting is in service order
             for _ in range(min(self.config.max_num_seqs, len(self.waiting))):
-                self.batch_waiting.append(self.waiting.popleft())
+                self.batch_waiting.add(self.waiting.pop())
         return self.batch_waiting
 
     # ---- after a step ------------------------------------------------------------------
@@ -295,9 +282,7 @@ class Scheduler:
     def finish(self, req: Request, reason: FinishReason) -> None:
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
-        elif req in self.batch_waiting:
-            self.batch_waiting.remove(req)
-        elif req in self.waiting:
+        elif not self.batch_waiting.remove(req):
             self.waiting.remove(req)
         self.kv.free(req.request_id)
         req.status = RequestStatus.FINISHED

@@ -28,6 +28,9 @@ class AsyncLLMEngine:
         self.engine = engine
         self._inbox_lock = threading.Lock()
         self._new: list[Request] = []
+        # Sequences accepted and not yet in the engine's stats (the inbox, and what the engine
+        # thread has taken from it before its next stats snapshot): one per child of n > 1.
+        self._unlisted_seqs = 0
         self._aborts: list[str] = []
         self._wake = threading.Event()
         self._streams: dict[str, asyncio.Queue[RequestOutput | Exception]] = {}
@@ -43,10 +46,13 @@ class AsyncLLMEngine:
 
     @property
     def num_not_running(self) -> int:
-        """Requests in flight outside the running batch: queued in the scheduler, or accepted
-        and not yet handed to the engine thread. What admission control (--max-queue) counts;
-        /metrics reports the scheduler's own `num_waiting`, as the step log and stats do."""
-        return self.num_in_flight - int(self.stats["num_running"])
+        """Sequences (n > 1: each child) accepted and not in the running batch: waiting in
+        the engine, held back for a sibling's prefill, or not yet handed to the engine thread.
+        What admission control (--max-queue) counts; /metrics reports the engine's own
+        `num_waiting`, as the step log and stats do. Read with the snapshot it adds to, so a
+        request is counted once while it moves from the inbox into the engine."""
+        with self._inbox_lock:
+            return int(self.stats["num_waiting"]) + self._unlisted_seqs
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -78,6 +84,7 @@ class AsyncLLMEngine:
         self._streams[request_id] = queue
         with self._inbox_lock:
             self._new.append(req)
+            self._unlisted_seqs += req.params.n
         self._wake.set()
         return RequestStream(self, request_id, queue)
 
@@ -132,7 +139,13 @@ class AsyncLLMEngine:
                 log.exception("could not add request %s", req.request_id)
                 req.error = f"the engine could not take the request: {type(e).__name__}: {e}"
                 failed.append(RequestOutput.of(req, []))
-        return failed + [o for r in aborts if (o := self.engine.abort_request(r))]
+        outputs = failed + [o for r in aborts if (o := self.engine.abort_request(r))]
+        if new:  # now in the engine's counts: publish them and stop counting them here
+            stats = self.engine.stats()
+            with self._inbox_lock:
+                self.stats = stats
+                self._unlisted_seqs -= sum(r.params.n for r in new)
+        return outputs
 
     def _send(self, outputs: list[RequestOutput]) -> None:
         if outputs:

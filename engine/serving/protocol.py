@@ -3,10 +3,12 @@ that the server turns into a 4xx with an OpenAI-shaped error body."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from engine.core.request import SamplingParams
+from engine.core.stop_strings import check_stops
 from engine.model.tokenizer import check_unicode
 
 
@@ -185,14 +187,32 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
         stop = [stop]
     if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
         raise APIError("'stop' must be a non-empty string or a list of them", param="stop")
+    try:
+        check_stops(stop)
+    except ValueError as e:
+        raise APIError(f"'stop': {e}", param="stop") from e
     stop_token_ids = _typed(body, "stop_token_ids", (list,), [])
     if not all(_is_int(t) for t in stop_token_ids):
         raise APIError("'stop_token_ids' must be a list of integers", param="stop_token_ids")
+    min_tokens = _typed(body, "min_tokens", (int,), 0)
+    # Chat without max_tokens gets what the context leaves (the server sets it later).
+    default_max = max(16, min_tokens) if chat else 16
+    if not 0 <= min_tokens <= (max_tokens or default_max):
+        raise APIError(
+            f"'min_tokens' must be in [0, max_tokens={max_tokens or 16}], got {min_tokens}",
+            param="min_tokens",
+        )
+    repetition_penalty = _number(body, "repetition_penalty", 1.0, 0.0, math.inf)
+    if not 0.0 < repetition_penalty < math.inf:
+        raise APIError(
+            f"'repetition_penalty' must be greater than zero and finite, got {repetition_penalty}",
+            param="repetition_penalty",
+        )
     stream = _typed(body, "stream", (bool,), False)
     stream_options = _typed(body, "stream_options", (dict,), {})
     try:
         params = SamplingParams(
-            max_tokens=max_tokens or 16,
+            max_tokens=max_tokens or default_max,
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
@@ -202,6 +222,12 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
             n=n,
             ignore_eos=_typed(body, "ignore_eos", (bool,), False),
             include_stop_str_in_output=_typed(body, "include_stop_str_in_output", (bool,), False),
+            logit_bias=_logit_bias(body),
+            min_tokens=min_tokens,
+            presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+            frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            repetition_penalty=repetition_penalty,
+            min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         )
     except ValueError as e:  # a check SamplingParams makes that the lines above do not
         raise APIError(str(e)) from e
@@ -209,6 +235,42 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
     if not isinstance(include_usage, bool):
         raise APIError("'stream_options.include_usage' must be a boolean", param="stream_options")
     return ParsedRequest(prompts, params, stream, include_usage, max_tokens is not None, priority)
+
+
+def _logit_bias(body: dict[str, Any]) -> dict[int, float] | None:
+    """OpenAI's map of token id (a JSON key, so a string) to a bias, clamped to [-100, 100]
+    as vLLM does; ids past the vocabulary are refused by the server, which knows it."""
+    raw = _typed(body, "logit_bias", (dict,), None)
+    if not raw:
+        return None
+    bias = {}
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except ValueError:
+            token = -1
+        if token < 0:
+            raise APIError(
+                f"'logit_bias' keys must be token ids, got {key[:40]!r}", param="logit_bias"
+            )
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise APIError(
+                f"'logit_bias' values must be numbers, got {type(value).__name__}",
+                param="logit_bias",
+            )
+        try:
+            bias[token] = min(100.0, max(-100.0, float(value)))
+        except OverflowError:  # an integer of hundreds of digits
+            bias[token] = 100.0 if value > 0 else -100.0
+        if math.isnan(bias[token]):
+            raise APIError("'logit_bias' values must be numbers, got NaN", param="logit_bias")
+    return bias
+
+
+def check_logit_bias(params: SamplingParams, vocab: int) -> None:
+    if params.logit_bias and max(params.logit_bias) >= vocab:
+        msg = f"'logit_bias' has token ids past the vocabulary ({vocab})"
+        raise APIError(msg, param="logit_bias")
 
 
 def parse_completion(body: dict[str, Any]) -> ParsedRequest:

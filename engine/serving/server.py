@@ -34,6 +34,7 @@ from engine.serving.metrics import Histogram, render_page
 from engine.serving.protocol import (
     APIError,
     ParsedRequest,
+    check_logit_bias,
     parse_common,
     parse_completion,
     parse_messages,
@@ -72,19 +73,21 @@ def check_model(state: ServerState, body: dict[str, Any]) -> None:
         )
 
 
-def check_capacity(request: web.Request, num_new: int) -> None:
-    """Admit `num_new` sequences (a request's prompts) only if the queue has room for all."""
+def check_capacity(request: web.Request, num_prompts: int, n: int) -> None:
+    """Admit a request's sequences (prompts x n) only if the queue has room for all."""
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
+    num_new = num_prompts * n
     if num_new > state.max_queue:
         raise APIError(
-            f"the request has {num_new} prompts; this server queues at most {state.max_queue}"
-            " (--max-queue): send them in smaller requests",
-            param="prompt",
+            f"the request has {num_new} sequences ({num_prompts} prompts x n={n}); this server "
+            f"queues at most {state.max_queue} (--max-queue): send them in smaller requests",
+            param="n" if n > 1 else "prompt",
         )
-    if engine.num_not_running + num_new > state.max_queue:
+    waiting = engine.num_not_running
+    if waiting + num_new > state.max_queue:
         state.rejected_total += 1
         raise APIError(
-            f"the server's queue is full ({engine.num_not_running} of {state.max_queue} waiting, "
+            f"the server's queue is full ({waiting} of {state.max_queue} sequences waiting, "
             f"{num_new} more asked for); retry later",
             429,
             type_="rate_limit_error",
@@ -153,7 +156,9 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
     streams = []
     base_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     tokenizer = engine.engine.tokenizer
-    check_capacity(request, len(parsed.prompts))  # before the work of tokenizing, and again after
+    n = parsed.params.n
+    check_logit_bias(parsed.params, engine.engine.model_config.vocab_size)
+    check_capacity(request, len(parsed.prompts), n)  # before tokenizing, and again after
     prompts: list[list[int]] = []
     for prompt in parsed.prompts:  # validate every prompt before queueing any
         if isinstance(prompt, str):
@@ -164,7 +169,7 @@ async def serve(request: web.Request, parsed: ParsedRequest, chat: bool) -> web.
         if len(prompt) + parsed.params.max_tokens > max_len:
             raise_context(len(prompt), parsed.params.max_tokens, max_len)
         prompts.append(prompt)
-    check_capacity(request, len(prompts))  # no await from here until they are queued
+    check_capacity(request, len(prompts), n)  # no await from here until they are queued
     for i, ids in enumerate(prompts):
         try:
             stream = engine.generate(f"{base_id}-{i}", ids, parsed.params, parsed.priority)

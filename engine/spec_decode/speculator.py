@@ -35,6 +35,8 @@ class Speculator:
             req.spec_token_ids = []
             if req.num_computed_tokens != req.num_tokens - 1 or not req.num_output_tokens:
                 continue  # a prefill (or a recompute after preemption)
+            if req.params.processes_logits:
+                continue  # penalties, bias, min_p: the plain sampler's (not the verifier's)
             k = min(
                 self.k,
                 req.params.max_tokens - req.num_output_tokens - 1,
