@@ -88,7 +88,7 @@ def latency_figure(records: list[RequestRecord], itl: np.ndarray | None = None) 
 def timeline_figure(records: list[RequestRecord]) -> Figure:
     """Each request as a line: grey from send to first chunk (TTFT), blue while streaming."""
     ok = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.send_s or 0)
-    stride = -(-len(ok) // TIMELINE_REQUESTS)
+    stride = max(1, -(-len(ok) // TIMELINE_REQUESTS))  # 1 when nothing succeeded
     title = "Requests over time (sorted by send)"
     if stride > 1:
         title += f": every {stride}th of {len(ok)}"
@@ -576,12 +576,27 @@ def run_report(run: Path, embed: bool = True, records: list[RequestRecord] | Non
     intro = html.escape(describe_run(summary, run.name))
     if utilization:
         intro += f"<p>{html.escape(utilization)}</p>"
+    intro = _notices_html(summary) + intro
     title = f"servebench run {run.name}"
     if summary.get("config", {}).get("target", {}).get("kind") == "simulated":
         title += " (SIMULATED)"
         intro = SIMULATED_BANNER + intro
     out = run / "report.html"
     out.write_text(_page(title, intro + f"<ul>{warnings}</ul>", figs, table, embed))
+    return out
+
+
+def _notices_html(summary: dict[str, Any]) -> str:
+    """What the terminal said before the numbers (bench_cli/outcome.py), above them."""
+    from bench_cli.outcome import notices
+
+    out = ""
+    for n in notices(summary):
+        colour = "#f8d7da;border:1px solid #c00" if n.severity == "error" else "#fff3cd"
+        out += (
+            f"<p class='notice' style='background:{colour};padding:8px'><b>"
+            f"{html.escape(n.label)}:</b> {html.escape(n.text)}</p>"
+        )
     return out
 
 

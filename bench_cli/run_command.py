@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import environment, run_dir, write_json, write_summary
+from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
@@ -26,8 +27,14 @@ BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
 
 def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
+    with raising_on_signals():
+        return _execute(profile, flags, dashboard, console)
+
+
+def _execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
     from engine.model.sources import ModelLoadError
 
+    out_dir: Path | None = None
     try:
         data = load_profile(profile)
         grid = data.pop("sweep", None)  # a sweep profile's base load runs as one point
@@ -43,6 +50,13 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
             ) from None
         out_dir = run_dir(cfg.out, cfg.name)
         summary = run_one(cfg, out_dir, dashboard, console)
+    except Interrupted as e:  # outside the load (which handles signals itself)
+        kept = f"; what was written is in {escape(str(out_dir))}/" if out_dir else ""
+        console.print(
+            f"[yellow]interrupted[/] by {e.name} while starting or finishing the run{kept}",
+            highlight=False,
+        )
+        return e.exit_code
     except ServerStartError as e:
         console.print(f"[bold red]error:[/] the bundled engine did not start: {escape(str(e))}")
         return 2
@@ -60,12 +74,7 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         target = f"{cfg.model}, transformers generate, static batches of {cfg.naive_batch}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     console.print(f"results: {escape(str(out_dir))}/", highlight=False)
-    code = exit_code(summary)
-    if summary.get("stopped_early"):
-        console.print(f"[bold red]error:[/] {escape(summary['stopped_early'])}", highlight=False)
-    if code == 1:
-        console.print("[bold red]error:[/] no request succeeded: nothing was measured")
-    return code
+    return exit_code(summary)  # print_result said why, when it is not 0
 
 
 def exit_code(summary: dict[str, Any]) -> int:

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
+from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import ServerStartError
 from bench_cli.run_command import exit_code, resolve_config, run_one
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
@@ -178,6 +179,25 @@ class Sweep:
 
 
 def run_sweep(
+    profile: str | dict[str, Any],
+    flags: dict[str, Any],
+    repeat: int,
+    resume: str | None,
+    dashboard: bool,
+    console: Console,
+    rates: str | None = None,
+) -> int:
+    with raising_on_signals():
+        try:
+            return _run_sweep(profile, flags, repeat, resume, dashboard, console, rates)
+        except Interrupted as e:  # outside a point's load (which handles signals itself)
+            console.print(
+                f"[yellow]interrupted[/] by {e.name}: finished points are kept (--resume)"
+            )
+            return e.exit_code
+
+
+def _run_sweep(
     profile: str | dict[str, Any],
     flags: dict[str, Any],
     repeat: int,

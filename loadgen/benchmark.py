@@ -363,6 +363,8 @@ async def run_benchmark(
     times = {"clock": clock.time} if clock is not None else {}
     runner = LoadRunner(backend, built.plan, writer.write, cfg.name, **times)
     loop = asyncio.get_running_loop()
+    # the caller's handlers (raising outside the loop), put back when the load ends
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runner.stop, sig)
@@ -378,8 +380,10 @@ async def run_benchmark(
             with contextlib.suppress(asyncio.CancelledError):
                 await view
         for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)  # resets to the default: not the caller's
+                if previous[sig] is not None:
+                    signal.signal(sig, previous[sig])
     summary = summarize(
         outcome.records,
         outcome.elapsed_s,
@@ -395,6 +399,7 @@ async def run_benchmark(
         )
     summary["interrupted"] = outcome.interrupted
     summary["stop_signal"] = runner.stop_signal
+    summary["stopped_in"] = runner.phase if outcome.interrupted else None
     summary["stopped_early"] = outcome.stopped_early
     summary["warmup_requests"] = len(outcome.warmup)
     if cfg.turns is not None:

@@ -130,13 +130,17 @@ class LoadRunner:
         self._first_errors: set[str] = set()  # while nothing has succeeded yet
         self.t0 = 0.0
         self.next_send: float | None = None  # open loop: perf_counter() of the next send
+        # where the run is: what an interrupted run's summary says it stopped in
+        self.phase = "start-up"
+        self._phase_task: asyncio.Task | None = None  # the test request, awaited alone
 
     def stop(self, signum: int | None = None) -> None:
         """Stop sending and cancel what is in flight (Ctrl-C); finished records are kept."""
         self._stopped = True
         self.stop_signal = self.stop_signal or signum
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
+        for task in (self._dispatcher, self._phase_task):
+            if task is not None:
+                task.cancel()
         for task in list(self._tasks):
             task.cancel()
 
@@ -145,8 +149,18 @@ class LoadRunner:
         await self.backend.start()
         try:
             if self.plan.probe is not None and not self._stopped:
-                await self._probe(self.plan.probe)
+                self.phase = "test request"
+                # a task of its own, so a signal cancels it instead of waiting out --timeout
+                self._phase_task = asyncio.create_task(self._probe(self.plan.probe))
+                try:
+                    await self._phase_task
+                except asyncio.CancelledError:
+                    if not self._stopped:
+                        raise
+                finally:
+                    self._phase_task = None
             if self.plan.warmup and not self._stopped:
+                self.phase = "warm-up"
                 await self._warmup()
             # Everything built so far (prompts, schedule, warm-up state) lives to the end: move
             # it out of the collector's sight, so no full collection stalls a send mid-run.
@@ -154,6 +168,7 @@ class LoadRunner:
             gc.freeze()
             self.t0 = self.clock()
             if not self._stopped:
+                self.phase = "load"
                 dispatch = self._open_loop() if self.plan.offsets is not None else self._closed()
                 self._dispatcher = asyncio.create_task(dispatch)
                 try:
@@ -161,6 +176,8 @@ class LoadRunner:
                 except asyncio.CancelledError:
                     if not self._stopped:
                         raise
+                if not self._stopped:  # everything sent: waiting for the last replies
+                    self.phase = "drain"
             await asyncio.gather(*self._tasks, return_exceptions=True)
             elapsed = self.clock() - self.t0
         finally:  # on any error too: nothing left running, every record made is recorded
@@ -183,7 +200,11 @@ class LoadRunner:
         rid = f"{self.run_id}-probe"
         rec = RequestRecord(-1, rid, spec.input_len, spec.output_len, True, cls=spec.cls, n=spec.n)
         self.probe_record = rec
-        await self.backend.send(spec, rec, self.clock())
+        try:
+            await self.backend.send(spec, rec, self.clock())
+        except asyncio.CancelledError:
+            rec.status, rec.error = "cancelled", "the run stopped during the test request"
+            raise
         if not rec.ok:
             where = getattr(self.backend, "url", self.backend.name)
             status = f" (HTTP {rec.http_status})" if rec.http_status else ""
