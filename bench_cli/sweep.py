@@ -117,6 +117,8 @@ def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, A
     row: dict[str, Any] = {"point": point.index, **point.values}
     row |= {k: v for k, v in point.settings.items() if k not in row}  # a bundle's settings
     row["runs"] = len(summaries)
+    # runs that flagged themselves INVALID (schedule not kept): shown wherever the point is
+    row["invalid_runs"] = sum(not s.get("valid", True) for s in summaries)
     runs = [metrics_of(s) for s in summaries]
     for key in dict.fromkeys(k for r in runs for k in r):  # every run's keys, in order
         values = np.array([r[key] for r in runs if r.get(key) is not None], dtype=np.float64)
@@ -172,7 +174,8 @@ class Sweep:
                 f"  {summary['completed']} ok, {summary['failed']} failed, "
                 f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
                 f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms"
-                + ("; TTFT grew through the run: over capacity" if grew else ""),
+                + ("; TTFT grew through the run: over capacity" if grew else "")
+                + ("; [bold red]INVALID[/]: schedule not kept" if not summary["valid"] else ""),
                 highlight=False,
             )
         return summary
