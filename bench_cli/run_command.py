@@ -1,7 +1,7 @@
 """`bench run`: resolve the config, start the target, run the load with a progress bar, print
 and write the results. Exit codes: 0 done (some requests may have failed: the summary says),
 1 nothing measured (the test request failed, no request succeeded, or the first ones all failed
-alike and the run stopped early), 2 bad input,
+alike and the run stopped early), 2 bad input, 3 INVALID (the schedule was not kept),
 128 + the signal's number when interrupted (130 for Ctrl-C)."""
 
 from __future__ import annotations
@@ -77,10 +77,17 @@ def _execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Cons
     return exit_code(summary)  # print_result said why, when it is not 0
 
 
+INVALID_EXIT = 3  # finished, results written, but the load offered was not the one asked for
+
+
 def exit_code(summary: dict[str, Any]) -> int:
+    """Worst first: a signal, nothing measured, an INVALID run (the load generator fell behind
+    its schedule: every number is of another load, so CI must not take it for a pass)."""
     if summary["interrupted"]:  # the shell's convention: 128 + the signal's number
         return 128 + (summary["stop_signal"] or signal.SIGINT)
-    return 1 if summary["completed"] == 0 else 0
+    if summary["completed"] == 0:
+        return 1
+    return INVALID_EXIT if not summary.get("valid", True) else 0
 
 
 def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:

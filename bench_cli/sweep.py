@@ -34,10 +34,10 @@ from rich.markup import escape
 from bench_cli.export import run_dir, write_json
 from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import ServerStartError
-from bench_cli.run_command import exit_code, resolve_config, run_one
+from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config, run_one
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
-from bench_cli.sweep_table import print_comparison
+from bench_cli.sweep_table import invalid, print_comparison
 from loadgen.config import secret_header
 from loadgen.runner import ProbeFailed
 
@@ -274,7 +274,7 @@ def _run_sweep(
 
     sweep_report(sweep_dir)
     console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
-    return 0
+    return INVALID_EXIT if any(invalid(r) for r in rows) else 0
 
 
 def _find_anchors(

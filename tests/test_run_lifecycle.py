@@ -164,3 +164,31 @@ def test_the_bundled_server_dies_with_bench_run_while_it_starts(tmp_path: Path, 
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_invalid_run_does_not_exit_0(tmp_path: Path, mock_server: Callable[..., str]) -> None:
+    """No lag at all allowed: the run is INVALID, its results written and marked, exit 3."""
+    url = mock_server("--ttft", "0", "--itl", "0")
+    rc, printed, out = bench_run(
+        tmp_path, base_url=url, model="mock", warmup=0, num_requests=6, max_p99_lag_ms=0.0
+    )
+    assert rc == 3, printed
+    assert "INVALID RUN" in printed
+    assert json.loads((out / "summary.json").read_text())["valid"] is False
+    assert "INVALID RUN" in (out / "report.html").read_text()
+
+
+def test_a_sweep_with_an_invalid_point_does_not_exit_0(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    from tests.test_sweep_gate import sweep
+
+    url = mock_server("--ttft", "0", "--itl", "0")
+    profile = tmp_path / "p.toml"
+    profile.write_text(
+        f'name = "inv"\nbase_url = "{url}"\nmodel = "mock"\nnum_requests = 4\n'
+        'input_len = "16"\noutput_len = "4"\nmax_p99_lag_ms = 0.0\n[sweep]\nrate = [20, 40]\n'
+    )
+    rc, printed = sweep(tmp_path, profile)
+    assert rc == 3, printed
+    assert "INVALID points (2 of 2)" in " ".join(printed.split())
