@@ -71,3 +71,16 @@ def test_an_invalid_sweep_point_fails_the_gate(tmp_path: Path) -> None:
     assert rc == 1 and "rate=2" in out and "INVALID" in out
     rc, out = gate(str(cur), "--baseline", str(base), *LIMIT, "--allow-invalid")
     assert rc == 0, out
+
+
+def test_a_ratio_over_an_invalid_point_fails_unless_allowed(tmp_path: Path) -> None:
+    def row(batching: str, tput: float, valid: float) -> dict:
+        return {"batching": batching, "rate": 1, "output_throughput": tput, "valid": valid}
+
+    rows = [row("continuous", 30.0, 0.0), row("static", 10.0, 1.0)]
+    cur = write_sweep(tmp_path / "cur", rows)
+    ratio = "output_throughput[batching=continuous]/output_throughput[batching=static]>=2"
+    rc, out = gate(str(cur), "--ratio", ratio)
+    assert rc == 1 and "INVALID" in out and "batching=continuous" in out
+    rc, out = gate(str(cur), "--ratio", ratio, "--allow-invalid")
+    assert rc == 0, out
