@@ -149,10 +149,19 @@ def _gone(proc: psutil.Process, timeout_s: float = 30) -> bool:
     return True
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
-def test_the_bundled_server_dies_with_bench_run_while_it_starts(tmp_path: Path, sig: int) -> None:
-    cmd = [sys.executable, "-m", "bench_cli", "run", "--model", "tiny-smollm2"]
-    cmd += ["--num-requests", "2", "--no-dashboard", "--out", str(tmp_path / "run")]
+@pytest.mark.parametrize(
+    ("command", "sig"),
+    [
+        (["run", "--model", "tiny-smollm2", "--num-requests", "2"], signal.SIGTERM),
+        (["run", "--model", "tiny-smollm2", "--num-requests", "2"], signal.SIGKILL),
+        (["sweep", "--profile", "smoke"], signal.SIGKILL),
+    ],
+)
+def test_the_bundled_server_dies_with_its_parent_while_it_starts(
+    tmp_path: Path, command: list[str], sig: int
+) -> None:
+    cmd = [sys.executable, "-m", "bench_cli", *command]
+    cmd += ["--no-dashboard", "--out", str(tmp_path / "run")]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         child = _server_child(proc.pid)
