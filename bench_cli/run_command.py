@@ -21,7 +21,6 @@ from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
-from loadgen.runner import ProbeFailed
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
@@ -60,10 +59,6 @@ def _execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Cons
     except ServerStartError as e:
         console.print(f"[bold red]error:[/] the bundled engine did not start: {escape(str(e))}")
         return 2
-    except ProbeFailed as e:
-        message = f"{escape(str(e))}; nothing was measured"
-        console.print(f"[bold red]error:[/] {message}", highlight=False)
-        return 1
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2

@@ -39,7 +39,6 @@ from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
 from bench_cli.sweep_table import invalid, print_comparison
 from loadgen.config import secret_header
-from loadgen.runner import ProbeFailed
 
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
 # loadgen.metrics.DISTRIBUTIONS and STATS, so the CSV stays readable.
@@ -165,8 +164,9 @@ class Sweep:
             except (ServerStartError, ValueError, ModelLoadError) as e:
                 console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
                 return 2
-            except ProbeFailed as e:
-                console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
+            if probe_failed(summary):  # the server refuses: every point would fail alike
+                message = escape(summary["stopped_early"])
+                console.print(f"[bold red]error at {title}:[/] {message}", highlight=False)
                 return 1
         if not summary["interrupted"]:
             grew = (summary.get("ttft_growth") or {}).get("grew")
@@ -340,7 +340,12 @@ def _finished(out: Path) -> dict[str, Any] | None:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return None if summary.get("interrupted") else summary
+    return None if summary.get("interrupted") or probe_failed(summary) else summary
+
+
+def probe_failed(summary: dict[str, Any]) -> bool:
+    """The run's test request failed: nothing was measured, the server refused it."""
+    return (summary.get("test_request") or {}).get("status") == "error"
 
 
 def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None:

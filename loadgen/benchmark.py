@@ -26,7 +26,7 @@ from loadgen.config import RunConfig
 from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter, RequestRecord
-from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
+from loadgen.runner import LoadPlan, LoadRunner, ProbeFailed, RunOutcome, run_event_loop
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
 from loadgen.telemetry import Telemetry, spec_counts
 from loadgen.traces import read_trace
@@ -356,7 +356,8 @@ async def run_benchmark(
     telemetry: Telemetry | None = None,
 ) -> tuple[dict[str, Any], RunOutcome]:
     """Run the plan; Ctrl-C stops sending, cancels what is in flight and still summarizes
-    every request that finished."""
+    every request that finished. A failed test request ends the run with an empty summary
+    whose `stopped_early` and `test_request` say why."""
     # A simulation hands over each record's token times already as text (TimeTexts)
     writer = RecordWriter(out_dir / "requests.jsonl", getattr(backend, "time_texts", None))
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
@@ -373,6 +374,8 @@ async def run_benchmark(
     view = on_start(runner, telemetry or Telemetry()) if on_start is not None else None
     try:
         outcome = await runner.run()
+    except ProbeFailed as e:  # nothing measured: still a summary (and report) saying why
+        outcome = RunOutcome([], [], 0.0, False, runner.t0, str(e))
     finally:
         writer.close()
         if view is not None:

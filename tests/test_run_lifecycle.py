@@ -238,3 +238,38 @@ def test_a_slow_redraw_waits_for_a_longer_gap_before_the_next_send() -> None:
         return time.perf_counter()
 
     assert asyncio.run(redraw_time()) >= runner.due  # drawn after the send, not into it
+
+
+def test_a_run_whose_test_request_fails_still_writes_a_summary_and_report(
+    tmp_path: Path, failing_server: str
+) -> None:
+    """Every request 503, the test request included: exit 1, and the files say why."""
+    _FirstThen503.served = 1  # the test request is refused too
+    rc, printed, out = bench_run(tmp_path, base_url=failing_server, model="m", warmup=0)
+    text = " ".join(printed.split())
+    assert rc == 1, printed
+    assert "test request to" in text and "server overloaded" in text
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 0 and summary["test_request"]["status"] == "error"
+    assert "server overloaded" in summary["stopped_early"]
+    page = (out / "report.html").read_text()
+    assert "NOTHING MEASURED" in page and "server overloaded" in page
+
+
+def test_a_sweep_stops_at_a_failed_test_request_and_reruns_it_on_resume(
+    tmp_path: Path, failing_server: str
+) -> None:
+    from tests.test_sweep_gate import sweep
+
+    _FirstThen503.served = 1
+    profile = tmp_path / "p.toml"
+    profile.write_text(
+        f'name = "dead"\nbase_url = "{failing_server}"\nmodel = "m"\nnum_requests = 4\n'
+        'input_len = "16"\noutput_len = "4"\n[sweep]\nrate = [20, 40]\n'
+    )
+    rc, printed = sweep(tmp_path, profile)
+    assert rc == 1 and "test request to" in printed, printed
+    point = next((tmp_path / "sweep").glob("*/summary.json")).parent
+    from bench_cli.sweep import _finished
+
+    assert _finished(point) is None  # --resume runs it again
