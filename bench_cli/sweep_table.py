@@ -120,9 +120,11 @@ def knee(members: list[dict[str, Any]], load: str) -> str:
     if not served:
         return "none"
     highest = max(served, key=load_order)
+    # a knee read off a point that did not get its load is named, not hidden
+    mark = " (INVALID)" if any(invalid(m) for m in tested if m[load] == highest) else ""
     if len(served) == len(tested):
-        return f"not reached up to {highest}"
-    return str(highest)
+        return f"not reached up to {highest}{mark}"
+    return f"{highest}{mark}"
 
 
 def load_order(value: Any) -> float:

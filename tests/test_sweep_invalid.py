@@ -51,3 +51,14 @@ def test_the_sweep_report_marks_invalid_points(tmp_path: Path) -> None:
     head = page[: page.index("<script")]
     assert "INVALID" in head and "could not keep to its schedule" in head
     assert head.count(">INVALID<") == 1  # the table's cell of that point
+
+
+def test_an_slo_knee_at_an_invalid_point_says_so() -> None:
+    from bench_cli.sweep_table import knee
+
+    def row(rate: float, attainment: float, valid: float = 1.0) -> dict:
+        return {"rate": rate, "slo_attainment": attainment, "valid": valid}
+
+    assert knee([row(1, 0.99), row(2, 0.95, 0.0), row(4, 0.5)], "rate") == "2 (INVALID)"
+    assert knee([row(1, 0.99), row(2, 0.95)], "rate") == "not reached up to 2"
+    assert knee([row(1, 0.99), row(2, 0.95, 0.0)], "rate") == "not reached up to 2 (INVALID)"
