@@ -711,6 +711,9 @@ def gate(
             "output_throughput[batching=static]>=2'"
         ),
     ] = None,
+    allow_invalid: Annotated[
+        bool, Opt(help="compare runs that flagged themselves INVALID (schedule not kept)")
+    ] = False,
 ) -> None:
     """Judge a run or sweep: against a baseline (--max-regression) and/or by ratios inside
     it (--ratio). Exit 1 if anything fails, 2 on unusable input."""
@@ -719,6 +722,7 @@ def gate(
         Limit,
         Ratio,
         compare,
+        invalid_labels,
         load_differences,
         load_results,
         noise_note,
@@ -734,13 +738,17 @@ def gate(
         if max_regression:
             limits = [Limit.parse(m) for m in max_regression]
             base = load_results(baseline)  # type: ignore[arg-type]
-            checks += compare(cur, base, limits)
+            checks += compare(cur, base, limits, allow_invalid)
             judged += [base, cur]
             if differ := load_differences(cur, base):
                 warnings.append("the two were not given the same load: " + "; ".join(differ))
         if ratio:
-            checks += [c for r in ratio for c in Ratio.parse(r).evaluate(cur)]
+            checks += [c for r in ratio for c in Ratio.parse(r).evaluate(cur, allow_invalid)]
             judged.append(cur)
+        if allow_invalid and (
+            bad := list(dict.fromkeys(w for r in judged for w in invalid_labels(r)))
+        ):
+            warnings.append("compared although INVALID (--allow-invalid): " + "; ".join(bad))
     except GateInputError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None
@@ -757,16 +765,15 @@ def gate(
         table.add_row(
             escape(c.metric),
             escape(c.point),
-            f"{c.baseline:.4g}",
-            f"{c.current:.4g}",
+            _number(c.baseline),
+            _number(c.current),
             change if c.change == c.change else "-",  # NaN: no ratio (see the note)
-            f"{c.limit:g}" if is_ratio else f"{c.limit:.0%} worse",
+            f"{c.limit:g}" if is_ratio else f"{c.limit * 100:.4g}% worse",
             verdict,
         )
     console.print(table)
-    for c in checks:
-        if c.note:
-            console.print(f"[red]{escape(c.note)}[/]", highlight=False)
+    for note in dict.fromkeys(c.note for c in checks if c.note):
+        console.print(f"[red]{escape(note)}[/]", highlight=False)
     if any(c.noise for c in checks):
         console.print("[yellow]noise[/]: worse than the limit, but inside both runs' 95% CIs")
     for text in warnings:
@@ -774,6 +781,10 @@ def gate(
     if note := noise_note(judged):
         console.print(f"[yellow]note[/]: {escape(note)}", highlight=False)
     raise typer.Exit(0 if all(c.passed for c in checks) else 1)
+
+
+def _number(value: float) -> str:
+    return "-" if value != value else f"{value:.4g}"  # NaN: not compared (see the note)
 
 
 @app.command()

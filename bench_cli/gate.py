@@ -42,16 +42,26 @@ class Limit:
 
     @classmethod
     def parse(cls, text: str) -> Limit:
-        """`output_throughput=5%` or `ttft_s.p99=0.1` (a fraction)."""
+        """`output_throughput=5%` or `ttft_s.p99=0.1` (a fraction). A bare number above 1
+        is refused: `40` read as a fraction is 4,000 % and passes anything."""
         metric, sep, value = text.partition("=")
         if not sep:
             raise GateInputError(f"limit {text!r}: expected METRIC=PERCENT%, e.g. ttft_s.p99=10%")
+        value = value.strip()
+        percent = value.endswith("%")
         try:
-            number = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
+            number = float(value.removesuffix("%").strip())
         except ValueError:
             raise GateInputError(f"limit {text!r}: {value!r} is not a percentage") from None
         if not number >= 0:
             raise GateInputError(f"limit {text!r}: must be >= 0")
+        if not percent and number > 1:
+            raise GateInputError(
+                f"limit {text!r} is ambiguous: write {metric.strip()}={value}% for {value} "
+                f"percent, or a fraction such as {metric.strip()}={number / 100:g} "
+                f"(= {number:g}%)"
+            )
+        number /= 100 if percent else 1
         direction(metric.strip())  # fails now for an unknown metric
         return cls(metric.strip(), number)
 
@@ -245,8 +255,46 @@ def check(
     )
 
 
-def compare(current: Results, baseline: Results, limits: list[Limit]) -> list[Check]:
-    """Every limit at every point the two have in common (a run has one point)."""
+def untrusted(row: dict[str, Any], where: str, allow_invalid: bool = False) -> str | None:
+    """Why a row's numbers cannot be compared: nothing succeeded (its latencies are empty,
+    its throughputs 0 for a reason no limit names), or it flagged itself INVALID (the load
+    offered was not the load asked for; a sweep row's `valid` is the share of its runs
+    that were). None: usable."""
+    completed = row.get("completed")
+    if isinstance(completed, numbers.Real) and completed == 0:
+        failed = row.get("failed")
+        why = f": {failed:g} failed" if isinstance(failed, numbers.Real) and failed else ""
+        return f"{where}: no request succeeded{why}; nothing was measured"
+    if not allow_invalid and is_invalid(row):
+        return (
+            f"{where} is INVALID (the load generator did not keep to its schedule: the load "
+            "offered was not the load asked for); pass --allow-invalid to compare it anyway"
+        )
+    return None
+
+
+def is_invalid(row: dict[str, Any]) -> bool:
+    valid = row.get("valid")
+    if isinstance(valid, bool | np.bool_):
+        return not valid
+    return isinstance(valid, numbers.Real) and not math.isnan(valid) and valid < 1
+
+
+def invalid_labels(results: Results) -> list[str]:
+    """Where the results flagged themselves INVALID, for a warning when compared anyway."""
+    return [f"{results.where} {results.label(r)}".strip() for r in results.rows if is_invalid(r)]
+
+
+def _refused(metric: str, point: str, limit: float, notes: list[str]) -> Check:
+    nan = math.nan
+    return Check(metric, point, nan, nan, nan, limit, False, note="; ".join(notes))
+
+
+def compare(
+    current: Results, baseline: Results, limits: list[Limit], allow_invalid: bool = False
+) -> list[Check]:
+    """Every limit at every point the two have in common (a run has one point); a point
+    where either side cannot be trusted (`untrusted`) fails with the reason."""
     if current.axes != baseline.axes:
         raise GateInputError(f"{current.where} and {baseline.where} are not the same kind of sweep")
     base_rows = _by_point(baseline)
@@ -258,6 +306,15 @@ def compare(current: Results, baseline: Results, limits: list[Limit]) -> list[Ch
         if brow is None:
             continue
         point = current.label(row)
+        sides = (("baseline", baseline, brow), ("current", current, row))
+        notes = [
+            n
+            for side, res, r in sides
+            if (n := untrusted(r, f"{side} {res.where} {point}".strip(), allow_invalid))
+        ]
+        if notes:
+            checks += [_refused(lim.metric, point, lim.max_regression, notes) for lim in limits]
+            continue
         for lim in limits:
             b = value_of(brow, lim.metric, f"{baseline.where} {point}".strip())
             c = value_of(row, lim.metric, f"{current.where} {point}".strip())
@@ -319,7 +376,7 @@ class Ratio:
         direction(m[1])
         return cls(m[1], _selector(m[2], text), _selector(m[4], text), m[5], float(m[6]), text)
 
-    def evaluate(self, results: Results) -> list[Check]:
+    def evaluate(self, results: Results, allow_invalid: bool = False) -> list[Check]:
         chosen = set(self.top) | set(self.bottom)
         unknown = chosen - set(results.axes)
         if unknown:
@@ -338,6 +395,14 @@ class Ratio:
             some = next(iter(sides.values()))[0]
             point = " ".join(f"{a}={some[a]}" for a in rest)
             top, bottom = (self._one(sides, side, point, results) for side in ("top", "bottom"))
+            notes = [
+                n
+                for r in (top, bottom)
+                if (n := untrusted(r, f"{results.where} {results.label(r)}", allow_invalid))
+            ]
+            if notes:
+                checks.append(_refused(self.text, point, self.bound, notes))
+                continue
             checks.append(self._check(top, bottom, point, results.where))
         return checks
 

@@ -3,6 +3,8 @@ generator measures it through HTTP exactly as it would measure vLLM."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import signal
@@ -18,6 +20,56 @@ from typing import Any
 
 class ServerStartError(RuntimeError):
     pass
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent: int) -> None:
+    """In the child before exec: the kernel sends it SIGTERM when the thread that started it
+    ends, SIGKILL of the whole parent included, where no `finally` of ours runs (a killed
+    `bench run` left its server alive for half an hour). Linux only; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl: nobody is left to signal us
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+# How much lower the server's CPU priority is than the load generator's. The engine's torch
+# threads fill every core; at equal priority the client, woken to send on time, waited for
+# their time slice: a 2-thread torch loop beside it on 2 cores raised the client's p90
+# schedule lag to 2.6-3.4 ms (0.4-1.2 ms alone, 1.0-1.1 ms with the loop niced). Niced, the
+# engine gives way for the client's short bursts (what the engine loses is what the client
+# uses: the demo's output tok/s was the same, 28.1 and 28.0) and keeps every idle cycle.
+SERVER_NICE = 10
+
+
+def child_setup(parent: int) -> None:
+    """The server child's preexec_fn: dies with its parent, and yields the CPU to it."""
+    die_with_parent(parent)
+    yield_cpu()
+
+
+def yield_cpu(nice: int = SERVER_NICE) -> None:
+    """Lower this process's priority. With autogroup scheduling (most Linux kernels) a new
+    session is a group of its own, weighed against the client's group by the group's nice,
+    not by its threads': set both. Raising one's own nice needs no privilege."""
+    with contextlib.suppress(OSError):
+        os.nice(nice)
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+        f.write(str(nice))
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already
+        os.killpg(pgid, sig)
 
 
 def free_port() -> int:
@@ -61,7 +113,10 @@ class LocalServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=os.environ | {"PYTHONUNBUFFERED": "1"},
-            start_new_session=True,  # Ctrl-C reaches us first; we stop the server last
+            # its own process group: Ctrl-C reaches us first, we stop the server (and its
+            # workers: the whole group) last; at a lower CPU priority than us (SERVER_NICE)
+            start_new_session=True,
+            preexec_fn=functools.partial(child_setup, os.getpid()),
         )
         log.close()
         deadline = time.monotonic() + timeout_s
@@ -100,13 +155,17 @@ class LocalServer:
             return ""
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGINT to the server's process group (a clean shutdown), SIGKILL to the group
+        after 20 s or if this wait is itself interrupted: nothing of it outlives us."""
+        if self.proc is None:
             return
-        self.proc.send_signal(signal.SIGINT)
         try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+            if self.proc.poll() is None:
+                _signal_group(self.proc.pid, signal.SIGINT)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.proc.wait(timeout=20)
+        finally:
+            _signal_group(self.proc.pid, signal.SIGKILL)  # what is left of the group
             self.proc.wait()
 
     def __enter__(self) -> LocalServer:

@@ -19,6 +19,7 @@ from plotly.subplots import make_subplots
 
 from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
+from bench_cli.sweep_table import INVALID_TEXT, invalid
 from bench_cli.tables import sim_title
 from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.records import RequestRecord, TokenTimes, read_records
@@ -88,7 +89,7 @@ def latency_figure(records: list[RequestRecord], itl: np.ndarray | None = None) 
 def timeline_figure(records: list[RequestRecord]) -> Figure:
     """Each request as a line: grey from send to first chunk (TTFT), blue while streaming."""
     ok = sorted((r for r in records if r.ok and not r.warmup), key=lambda r: r.send_s or 0)
-    stride = -(-len(ok) // TIMELINE_REQUESTS)
+    stride = max(1, -(-len(ok) // TIMELINE_REQUESTS))  # 1 when nothing succeeded
     title = "Requests over time (sorted by send)"
     if stride > 1:
         title += f": every {stride}th of {len(ok)}"
@@ -317,11 +318,12 @@ def sweep_figures(
                 name=str(name),
                 legendgroup=str(name),
                 line={"color": colours[str(name)]},
+                marker={"symbol": _symbols(g), "size": 9},
                 text=[f"{load}={v}" for v in g[load]] if load else None,
             )
         )
     fig.update_layout(
-        title="Throughput vs latency (each point a load)",
+        title="Throughput vs latency (each point a load; x: INVALID, schedule not kept)",
         xaxis_title="output tokens/s",
         yaxis_title="TPOT p99 (ms)",
         height=450,
@@ -335,6 +337,11 @@ def sweep_figures(
         if key != load and numeric.notna().any() and numeric.nunique() > 1:
             figs.append(_latency_against(table.assign(_x=numeric), key, load, colours))
     return figs
+
+
+def _symbols(rows: pd.DataFrame) -> list[str]:
+    """An INVALID point (schedule not kept) drawn as an x, so no plot shows it as a result."""
+    return ["x" if invalid(r) else "circle" for r in rows.to_dict("records")]
 
 
 def _against_load(table: pd.DataFrame, load: str, colours: dict[str, str]) -> Figure:
@@ -352,6 +359,7 @@ def _against_load(table: pd.DataFrame, load: str, colours: dict[str, str]) -> Fi
                         legendgroup=str(name),
                         showlegend=col == 1,
                         line={"color": colours[str(name)]},
+                        marker={"symbol": _symbols(g), "size": 9},
                     ),
                     row=1,
                     col=col,
@@ -576,12 +584,27 @@ def run_report(run: Path, embed: bool = True, records: list[RequestRecord] | Non
     intro = html.escape(describe_run(summary, run.name))
     if utilization:
         intro += f"<p>{html.escape(utilization)}</p>"
+    intro = _notices_html(summary) + intro
     title = f"servebench run {run.name}"
     if summary.get("config", {}).get("target", {}).get("kind") == "simulated":
         title += " (SIMULATED)"
         intro = SIMULATED_BANNER + intro
     out = run / "report.html"
     out.write_text(_page(title, intro + f"<ul>{warnings}</ul>", figs, table, embed))
+    return out
+
+
+def _notices_html(summary: dict[str, Any]) -> str:
+    """What the terminal said before the numbers (bench_cli/outcome.py), above them."""
+    from bench_cli.outcome import notices
+
+    out = ""
+    for n in notices(summary):
+        colour = "#f8d7da;border:1px solid #c00" if n.severity == "error" else "#fff3cd"
+        out += (
+            f"<p class='notice' style='background:{colour};padding:8px'><b>"
+            f"{html.escape(n.label)}:</b> {html.escape(n.text)}</p>"
+        )
     return out
 
 
@@ -626,6 +649,15 @@ def _cell(row: pd.Series, key: str, fmt: Any) -> str:
     return text if ci is None or pd.isna(ci) else f"{text} ±{fmt(ci)}"
 
 
+def _validity(row: pd.Series) -> str:
+    if not invalid(row.to_dict()):
+        return "yes"
+    bad, runs = row.get("invalid_runs"), row.get("runs")
+    if pd.notna(bad) and pd.notna(runs) and runs > 1:
+        return f"INVALID ({bad:.0f} of {runs:.0f} runs)"
+    return "INVALID"
+
+
 def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
     """One row per point: its settings, throughput, then TTFT/ITL/TPOT/E2E mean, p50 and p99,
     all in ms like the plots beside it (a header row per distribution keeps it narrow)."""
@@ -638,6 +670,8 @@ def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
             continue  # a real sweep: no column saying so
         if key in table and table[key].notna().any():
             cols[("", label)] = [_cell(r, key, fmt.format) for _, r in table.iterrows()]
+    if any(invalid(r) for _, r in table.iterrows()):
+        cols[("", "valid")] = [_validity(r) for _, r in table.iterrows()]
     for key in SWEEP_LATENCIES:
         for stat in ("mean", "p50", "p99"):
             if f"{key}.{stat}" in table:
@@ -664,6 +698,14 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
         intro = SIMULATED_BANNER.replace("no model ran", "points with simulated = 1: no model ran")
         intro += html.escape(f"{len(table)} points over {', '.join(axes)}")
     table_html = sweep_table_html(table, axes)
+    bad = sum(invalid(r) for r in table.to_dict("records"))
+    if bad:
+        text = html.escape(INVALID_TEXT.format(bad, len(table))).replace(
+            "INVALID points", "<b>INVALID points</b>"
+        )
+        intro = (
+            f"<p style='background:#f8d7da;border:1px solid #c00;padding:8px'>{text}</p>" + intro
+        )
     out.write_text(_page(title, intro, figs, table_html, embed))
     return out
 

@@ -1,7 +1,7 @@
 """`bench run`: resolve the config, start the target, run the load with a progress bar, print
 and write the results. Exit codes: 0 done (some requests may have failed: the summary says),
 1 nothing measured (the test request failed, no request succeeded, or the first ones all failed
-alike and the run stopped early), 2 bad input,
+alike and the run stopped early), 2 bad input, 3 INVALID (the schedule was not kept),
 128 + the signal's number when interrupted (130 for Ctrl-C)."""
 
 from __future__ import annotations
@@ -17,18 +17,24 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import environment, run_dir, write_json, write_summary
+from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
 from loadgen.redact import printable, redact_url
-from loadgen.runner import ProbeFailed
 
 BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
 
 
 def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
+    with raising_on_signals():
+        return _execute(profile, flags, dashboard, console)
+
+
+def _execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
     from engine.model.sources import ModelLoadError
 
+    out_dir: Path | None = None
     try:
         data = load_profile(profile)
         grid = data.pop("sweep", None)  # a sweep profile's base load runs as one point
@@ -48,13 +54,16 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
             check_vllm_json_path(cfg.save_vllm_json, cfg.out, cfg.overwrite_vllm_json)
         out_dir = run_dir(cfg.out, cfg.name)
         summary = run_one(cfg, out_dir, dashboard, console)
+    except Interrupted as e:  # outside the load (which handles signals itself)
+        kept = f"; what was written is in {escape(str(out_dir))}/" if out_dir else ""
+        console.print(
+            f"[yellow]interrupted[/] by {e.name} while starting or finishing the run{kept}",
+            highlight=False,
+        )
+        return e.exit_code
     except ServerStartError as e:
         console.print(f"[bold red]error:[/] the bundled engine did not start: {escape(str(e))}")
         return 2
-    except ProbeFailed as e:
-        message = f"{escape(str(e))}; nothing was measured"
-        console.print(f"[bold red]error:[/] {message}", highlight=False)
-        return 1
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {escape(printable(e))}", highlight=False)
         return 2
@@ -65,19 +74,20 @@ def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Conso
         target = f"{cfg.model}, transformers generate, static batches of {cfg.naive_batch}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     console.print(f"results: {escape(str(out_dir))}/", highlight=False)
-    code = exit_code(summary)
-    if summary.get("stopped_early"):
-        stopped = escape(printable(summary["stopped_early"]))
-        console.print(f"[bold red]error:[/] {stopped}", highlight=False)
-    if code == 1:
-        console.print("[bold red]error:[/] no request succeeded: nothing was measured")
-    return code
+    return exit_code(summary)  # print_result said why, when it is not 0
+
+
+INVALID_EXIT = 3  # finished, results written, but the load offered was not the one asked for
 
 
 def exit_code(summary: dict[str, Any]) -> int:
+    """Worst first: a signal, nothing measured, an INVALID run (the load generator fell behind
+    its schedule: every number is of another load, so CI must not take it for a pass)."""
     if summary["interrupted"]:  # the shell's convention: 128 + the signal's number
         return 128 + (summary["stop_signal"] or signal.SIGINT)
-    return 1 if summary["completed"] == 0 else 0
+    if summary["completed"] == 0:
+        return 1
+    return INVALID_EXIT if not summary.get("valid", True) else 0
 
 
 def resolve_config(profile: dict[str, Any], flags: dict[str, Any]) -> RunConfig:

@@ -32,13 +32,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
+from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import ServerStartError
-from bench_cli.run_command import exit_code, resolve_config, run_one
+from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config, run_one
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
-from bench_cli.sweep_table import print_comparison
+from bench_cli.sweep_table import invalid, print_comparison
 from loadgen.redact import redact_settings
-from loadgen.runner import ProbeFailed
 
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
 # loadgen.metrics.DISTRIBUTIONS and STATS, so the CSV stays readable.
@@ -116,6 +116,8 @@ def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, A
     row: dict[str, Any] = {"point": point.index, **point.values}
     row |= {k: v for k, v in point.settings.items() if k not in row}  # a bundle's settings
     row["runs"] = len(summaries)
+    # runs that flagged themselves INVALID (schedule not kept): shown wherever the point is
+    row["invalid_runs"] = sum(not s.get("valid", True) for s in summaries)
     runs = [metrics_of(s) for s in summaries]
     for key in dict.fromkeys(k for r in runs for k in r):  # every run's keys, in order
         values = np.array([r[key] for r in runs if r.get(key) is not None], dtype=np.float64)
@@ -162,8 +164,9 @@ class Sweep:
             except (ServerStartError, ValueError, ModelLoadError) as e:
                 console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
                 return 2
-            except ProbeFailed as e:
-                console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
+            if probe_failed(summary):  # the server refuses: every point would fail alike
+                message = escape(summary["stopped_early"])
+                console.print(f"[bold red]error at {title}:[/] {message}", highlight=False)
                 return 1
         if not summary["interrupted"]:
             grew = (summary.get("ttft_growth") or {}).get("grew")
@@ -171,13 +174,33 @@ class Sweep:
                 f"  {summary['completed']} ok, {summary['failed']} failed, "
                 f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
                 f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms"
-                + ("; TTFT grew through the run: over capacity" if grew else ""),
+                + ("; TTFT grew through the run: over capacity" if grew else "")
+                + ("; [bold red]INVALID[/]: schedule not kept" if not summary["valid"] else ""),
                 highlight=False,
             )
         return summary
 
 
 def run_sweep(
+    profile: str | dict[str, Any],
+    flags: dict[str, Any],
+    repeat: int,
+    resume: str | None,
+    dashboard: bool,
+    console: Console,
+    rates: str | None = None,
+) -> int:
+    with raising_on_signals():
+        try:
+            return _run_sweep(profile, flags, repeat, resume, dashboard, console, rates)
+        except Interrupted as e:  # outside a point's load (which handles signals itself)
+            console.print(
+                f"[yellow]interrupted[/] by {e.name}: finished points are kept (--resume)"
+            )
+            return e.exit_code
+
+
+def _run_sweep(
     profile: str | dict[str, Any],
     flags: dict[str, Any],
     repeat: int,
@@ -251,7 +274,7 @@ def run_sweep(
 
     sweep_report(sweep_dir)
     console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
-    return 0
+    return INVALID_EXIT if any(invalid(r) for r in rows) else 0
 
 
 def _find_anchors(
@@ -317,7 +340,12 @@ def _finished(out: Path) -> dict[str, Any] | None:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return None if summary.get("interrupted") else summary
+    return None if summary.get("interrupted") or probe_failed(summary) else summary
+
+
+def probe_failed(summary: dict[str, Any]) -> bool:
+    """The run's test request failed: nothing was measured, the server refused it."""
+    return (summary.get("test_request") or {}).get("status") == "error"
 
 
 def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None:

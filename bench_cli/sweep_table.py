@@ -63,14 +63,33 @@ def print_comparison(
                     f"[bold green]{text}[/]" if len(members) > 1 and m is best[key] else text
                 )
             label = " ".join(str(m[a]) for a in settings) or str(m["point"])
-            table.add_row(label, *cells)
+            table.add_row(label + (" [bold red]INVALID[/]" if invalid(m) else ""), *cells)
         console.print(table)
+    if bad := [m for m in rows if invalid(m)]:
+        console.print(f"[bold red]{INVALID_TEXT.format(len(bad), len(rows))}[/]")
     if load_axes and settings:
         _print_knees(console, rows, settings, load_axes[0])
 
 
+def invalid(row: dict[str, Any]) -> bool:
+    """A sweep.csv row with a run that flagged itself INVALID (`valid`: the share that did
+    not; older files have no `invalid_runs`)."""
+    runs = row.get("invalid_runs")
+    if isinstance(runs, int | float) and runs == runs:
+        return runs > 0
+    valid = row.get("valid")
+    return isinstance(valid, int | float) and valid == valid and valid < 1
+
+
+INVALID_TEXT = (
+    "INVALID points ({} of {}): the load generator could not keep to its schedule there, so "
+    "their numbers are not the load asked for (each run's summary.json says by how much)"
+)
+
+
 def _best(members: list[dict[str, Any]], key: str, higher: bool) -> dict[str, Any] | None:
-    scored = [m for m in members if m.get(key) is not None]
+    """The best valid row: an INVALID one was not given the load its row names."""
+    scored = [m for m in members if m.get(key) is not None and not invalid(m)]
     if not scored:
         return None
     return (max if higher else min)(scored, key=lambda m: m[key])
@@ -101,9 +120,11 @@ def knee(members: list[dict[str, Any]], load: str) -> str:
     if not served:
         return "none"
     highest = max(served, key=load_order)
+    # a knee read off a point that did not get its load is named, not hidden
+    mark = " (INVALID)" if any(invalid(m) for m in tested if m[load] == highest) else ""
     if len(served) == len(tested):
-        return f"not reached up to {highest}"
-    return str(highest)
+        return f"not reached up to {highest}{mark}"
+    return f"{highest}{mark}"
 
 
 def load_order(value: Any) -> float:

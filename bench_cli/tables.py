@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench_cli.outcome import notices
 from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.redact import printable
 
@@ -122,10 +123,11 @@ def print_result(console: Console, summary: dict[str, Any], title: str) -> None:
     for warning in summary.get("warnings", []):
         style = "bold red" if "fell behind" in warning else "yellow"
         console.print(f"[{style}]warning:[/] {escape(printable(warning))}", highlight=False)
-    if not summary.get("valid", True):
-        console.print("[bold red]INVALID RUN[/]: the load generator could not keep to its schedule")
-    if summary.get("interrupted"):
-        console.print("[yellow]interrupted[/]: the summary covers the requests that finished")
+    for notice in notices(summary):
+        style = "bold red" if notice.severity == "error" else "yellow"
+        console.print(
+            f"[{style}]{notice.label}[/]: {escape(printable(notice.text))}", highlight=False
+        )
     if summary.get("cold_start"):
         console.print(
             "[yellow]cold start[/]: the bundled engine was started for this run and got no "

@@ -28,7 +28,7 @@ from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter, RequestRecord
 from loadgen.redact import redact_url
-from loadgen.runner import LoadPlan, LoadRunner, RunOutcome, run_event_loop
+from loadgen.runner import LoadPlan, LoadRunner, ProbeFailed, RunOutcome, run_event_loop
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
 from loadgen.telemetry import Telemetry, spec_counts
 from loadgen.traces import read_trace
@@ -364,13 +364,16 @@ async def run_benchmark(
     telemetry: Telemetry | None = None,
 ) -> tuple[dict[str, Any], RunOutcome]:
     """Run the plan; Ctrl-C stops sending, cancels what is in flight and still summarizes
-    every request that finished."""
+    every request that finished. A failed test request ends the run with an empty summary
+    whose `stopped_early` and `test_request` say why."""
     # A simulation hands over each record's token times already as text (TimeTexts)
     writer = RecordWriter(out_dir / "requests.jsonl", getattr(backend, "time_texts", None))
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
     times = {"clock": clock.time} if clock is not None else {}
     runner = LoadRunner(backend, built.plan, writer.write, cfg.name, **times)
     loop = asyncio.get_running_loop()
+    # the caller's handlers (raising outside the loop), put back when the load ends
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, runner.stop, sig)
@@ -379,6 +382,8 @@ async def run_benchmark(
     view = on_start(runner, telemetry or Telemetry()) if on_start is not None else None
     try:
         outcome = await runner.run()
+    except ProbeFailed as e:  # nothing measured: still a summary (and report) saying why
+        outcome = RunOutcome([], [], 0.0, False, runner.t0, str(e))
     finally:
         writer.close()
         if view is not None:
@@ -386,8 +391,10 @@ async def run_benchmark(
             with contextlib.suppress(asyncio.CancelledError):
                 await view
         for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(sig)
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.remove_signal_handler(sig)  # resets to the default: not the caller's
+                if previous[sig] is not None:
+                    signal.signal(sig, previous[sig])
     summary = summarize(
         outcome.records,
         outcome.elapsed_s,
@@ -403,6 +410,7 @@ async def run_benchmark(
         )
     summary["interrupted"] = outcome.interrupted
     summary["stop_signal"] = runner.stop_signal
+    summary["stopped_in"] = runner.phase if outcome.interrupted else None
     summary["stopped_early"] = outcome.stopped_early
     summary["warmup_requests"] = len(outcome.warmup)
     if cfg.turns is not None:

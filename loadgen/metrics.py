@@ -117,6 +117,9 @@ class SLO:
         return ok
 
 
+FAILURE_REASONS = 10  # the most common errors summary.json keeps, with their counts
+
+
 def summarize(
     records: Sequence[RequestRecord],
     duration_s: float,
@@ -214,6 +217,9 @@ def summarize(
     if statuses["error"]:
         first = next(r for r in measured if r.status == "error")
         warnings.append(f"{statuses['error']} requests failed; the first: {first.error}")
+    # what went wrong, most common first: a run where nothing succeeded has nothing else
+    reasons = Counter(r.error or "unknown" for r in measured if r.status == "error")
+    summary["failure_reasons"] = dict(reasons.most_common(FAILURE_REASONS))
     p99_lag = summary["schedule_lag_s"]["p99"]
     summary["max_p99_lag_s"] = max_p99_lag_s
     summary["valid"] = p99_lag is None or p99_lag <= max_p99_lag_s

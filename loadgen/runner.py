@@ -131,13 +131,17 @@ class LoadRunner:
         self._first_errors: set[str] = set()  # while nothing has succeeded yet
         self.t0 = 0.0
         self.next_send: float | None = None  # open loop: perf_counter() of the next send
+        # where the run is: what an interrupted run's summary says it stopped in
+        self.phase = "start-up"
+        self._phase_task: asyncio.Task | None = None  # the test request, awaited alone
 
     def stop(self, signum: int | None = None) -> None:
         """Stop sending and cancel what is in flight (Ctrl-C); finished records are kept."""
         self._stopped = True
         self.stop_signal = self.stop_signal or signum
-        if self._dispatcher is not None:
-            self._dispatcher.cancel()
+        for task in (self._dispatcher, self._phase_task):
+            if task is not None:
+                task.cancel()
         for task in list(self._tasks):
             task.cancel()
 
@@ -146,8 +150,18 @@ class LoadRunner:
         await self.backend.start()
         try:
             if self.plan.probe is not None and not self._stopped:
-                await self._probe(self.plan.probe)
+                self.phase = "test request"
+                # a task of its own, so a signal cancels it instead of waiting out --timeout
+                self._phase_task = asyncio.create_task(self._probe(self.plan.probe))
+                try:
+                    await self._phase_task
+                except asyncio.CancelledError:
+                    if not self._stopped:
+                        raise
+                finally:
+                    self._phase_task = None
             if self.plan.warmup and not self._stopped:
+                self.phase = "warm-up"
                 await self._warmup()
             # Everything built so far (prompts, schedule, warm-up state) lives to the end: move
             # it out of the collector's sight, so no full collection stalls a send mid-run.
@@ -155,6 +169,7 @@ class LoadRunner:
             gc.freeze()
             self.t0 = self.clock()
             if not self._stopped:
+                self.phase = "load"
                 dispatch = self._open_loop() if self.plan.offsets is not None else self._closed()
                 self._dispatcher = asyncio.create_task(dispatch)
                 try:
@@ -162,6 +177,8 @@ class LoadRunner:
                 except asyncio.CancelledError:
                     if not self._stopped:
                         raise
+                if not self._stopped:  # everything sent: waiting for the last replies
+                    self.phase = "drain"
             await asyncio.gather(*self._tasks, return_exceptions=True)
             elapsed = self.clock() - self.t0
         finally:  # on any error too: nothing left running, every record made is recorded
@@ -186,6 +203,9 @@ class LoadRunner:
         self.probe_record = rec
         try:
             await self.backend.send(spec, rec, self.clock())
+        except asyncio.CancelledError:
+            rec.status, rec.error = "cancelled", "the run stopped during the test request"
+            raise
         except Exception as e:  # as _send: a backend's bug is this request's failure
             rec.status, rec.error = "error", f"{type(e).__name__}: {e}"
         if not rec.ok:
@@ -223,10 +243,16 @@ class LoadRunner:
                 await asyncio.sleep(self.next_send - self.clock())
             if isinstance(spec, Session):
                 self._launch(self._session(i, spec, offset, cap), requests=0)
-                continue
-            rec = self._record(i, spec)
-            rec.scheduled_s = offset
-            self._launch(self._capped(spec, rec, cap))
+            else:
+                rec = self._record(i, spec)
+                rec.scheduled_s = offset
+                self._launch(self._capped(spec, rec, cap))
+            if self.clock is time.perf_counter:
+                # Let it leave before next_send moves on: a live view that finds the next send
+                # far off draws at once, and drawing in front of a task not yet run delayed
+                # its send by the redraw (10-30 ms in a terminal beside the engine). Virtual
+                # time needs no yield (and a simulation's order stays as it was).
+                await asyncio.sleep(0)
 
     async def _capped(
         self, spec: RequestSpec, rec: RequestRecord, cap: asyncio.Semaphore | None
