@@ -42,31 +42,6 @@ def die_with_parent(parent: int) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-# How much lower the server's CPU priority is than the load generator's. The engine's torch
-# threads fill every core; at equal priority the client, woken to send on time, waited for
-# their time slice: a 2-thread torch loop beside it on 2 cores raised the client's p90
-# schedule lag to 2.6-3.4 ms (0.4-1.2 ms alone, 1.0-1.1 ms with the loop niced). Niced, the
-# engine gives way for the client's short bursts (what the engine loses is what the client
-# uses: the demo's output tok/s was the same, 28.1 and 28.0) and keeps every idle cycle.
-SERVER_NICE = 10
-
-
-def child_setup(parent: int) -> None:
-    """The server child's preexec_fn: dies with its parent, and yields the CPU to it."""
-    die_with_parent(parent)
-    yield_cpu()
-
-
-def yield_cpu(nice: int = SERVER_NICE) -> None:
-    """Lower this process's priority. With autogroup scheduling (most Linux kernels) a new
-    session is a group of its own, weighed against the client's group by the group's nice,
-    not by its threads': set both. Raising one's own nice needs no privilege."""
-    with contextlib.suppress(OSError):
-        os.nice(nice)
-    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
-        f.write(str(nice))
-
-
 def _signal_group(pgid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):  # gone already
         os.killpg(pgid, sig)
@@ -114,9 +89,9 @@ class LocalServer:
             stderr=subprocess.STDOUT,
             env=os.environ | {"PYTHONUNBUFFERED": "1"},
             # its own process group: Ctrl-C reaches us first, we stop the server (and its
-            # workers: the whole group) last; at a lower CPU priority than us (SERVER_NICE)
+            # workers: the whole group) last
             start_new_session=True,
-            preexec_fn=functools.partial(child_setup, os.getpid()),
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         log.close()
         deadline = time.monotonic() + timeout_s
