@@ -119,6 +119,7 @@ def _run_one(
         local_peak = None
         if cfg.base_url:
             target = Target.external(cfg.base_url)
+            config["server"] = _detected_server(cfg, console)
         elif cfg.engine_kind == "sim":
             target = Target.simulated(f"simulated {cfg.model} on {cfg.sim_device or 'local'}")
             if (cfg.sim_device or "local") == "local":
@@ -184,6 +185,16 @@ def _run_one(
 
         run_report(out_dir, records=outcome.records)
     return summary
+
+
+def _detected_server(cfg: RunConfig, console: Console) -> dict[str, Any]:
+    """The external server's kind and version as it says them (loadgen/server_info.py)."""
+    from loadgen.server_info import detect_server
+
+    assert cfg.base_url is not None
+    info = detect_server(cfg.base_url, cfg.model, cfg.api_key)
+    console.print(f"server: {escape(printable(info.text()))}", highlight=False)
+    return info.describe()
 
 
 def _default_model(cfg: RunConfig) -> str:

@@ -120,12 +120,25 @@ def _ms(seconds: float) -> str:
     return f"{ms:z.2f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}"
 
 
+def _print_engine_gauges(console: Console, telemetry: dict[str, Any]) -> None:
+    """Whose /metrics names the timeline's engine columns came from, or why it has none."""
+    if "metrics_dialect" not in telemetry:  # no /metrics to read (in process, simulated)
+        return
+    if dialect := telemetry["metrics_dialect"]:
+        cols = [c.removeprefix("engine_") for c in telemetry["columns"] if c.startswith("engine_")]
+        console.print(f"engine gauges: {dialect}'s /metrics names -> {', '.join(cols)}")
+    for note in telemetry.get("notes", []):
+        if note.startswith("no engine gauges"):
+            console.print(f"[yellow]note:[/] {escape(printable(note))}", highlight=False)
+
+
 def print_result(console: Console, summary: dict[str, Any], title: str) -> None:
     for table in result_tables(summary, title):
         console.print(table)
     for warning in summary.get("warnings", []):
         style = "bold red" if "fell behind" in warning else "yellow"
         console.print(f"[{style}]warning:[/] {escape(printable(warning))}", highlight=False)
+    _print_engine_gauges(console, summary.get("telemetry") or {})
     if not summary.get("valid", True):
         console.print("[bold red]INVALID RUN[/]: the load generator could not keep to its schedule")
     if summary.get("interrupted"):

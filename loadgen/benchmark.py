@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
+from loadgen.endpoints import api_url, server_root
 from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter, RequestRecord
@@ -93,9 +93,7 @@ class Target:
 
 def _metrics_url(base_url: str) -> str:
     """/metrics beside the API root (/v1), the root's query kept."""
-    parts = urlsplit(base_url)
-    root = parts.path.rstrip("/").removesuffix("/v1")
-    return urlunsplit(parts._replace(path=f"{root}/metrics"))
+    return api_url(server_root(base_url), "metrics")
 
 
 @dataclass(slots=True)

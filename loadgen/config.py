@@ -295,8 +295,12 @@ class RunConfig:
         return out | {k: v for k, v in given if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        """For results files: credentials masked (loadgen/redact.py)."""
-        return redact_settings(dataclasses.asdict(self))  # type: ignore[return-value]
+        """For results files: credentials masked (loadgen/redact.py); engine_kind only when the
+        engine is ours (an external server's kind is config.json's `server`)."""
+        out = redact_settings(dataclasses.asdict(self))
+        if self.base_url:
+            out["engine_kind"] = None
+        return out  # type: ignore[return-value]
 
 
 def load_profile(name_or_path: str) -> dict[str, Any]:

@@ -3,11 +3,19 @@ SGLang's and llama.cpp's dialects."""
 
 from __future__ import annotations
 
+import http.server
 import io
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import pytest
 from rich.console import Console
 
 from bench_cli.tables import print_result
+from tests.test_bench_run import bench_run
 
 
 def _printed(summary: dict) -> str:
@@ -23,3 +31,60 @@ def test_the_table_shows_the_scheduled_rate_beside_the_achieved_one() -> None:
     summary["arrival_check"] = {"achieved_rate": 1.49, "scheduled_rate": 1.486}
     text = _printed(summary)
     assert "1.49 (scheduled 1.49)" in text
+
+
+# dialect -> (server kind, version, the engine columns its /metrics fills)
+DIALECTS = {
+    "vllm": ("vllm", "0.11.0", {"running", "waiting", "kv_usage", "preemptions"}),
+    "sglang": ("sglang", "0.5.3", {"running", "waiting", "kv_usage", "preemptions"}),
+    "llamacpp": ("llamacpp", "b6700-mock", {"running", "waiting", "kv_usage"}),
+    "servebench": ("servebench", "0.0.0-mock", {"running", "waiting", "preemptions"}),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(DIALECTS))
+def test_each_peers_metrics_kind_and_version_are_read(
+    tmp_path: Path, mock_server: Callable[..., str], dialect: str
+) -> None:
+    kind, version, columns = DIALECTS[dialect]
+    url = mock_server("--ttft", "0.05", "--itl", "0.02", "--dialect", dialect)
+    flags = {"base_url": url, "model": None, "tokenizer": "smollm2-135m"}
+    rc, printed, out = bench_run(tmp_path, **flags, telemetry_interval=0.02, warmup=0)
+    assert rc == 0, printed
+    summary = json.loads((out / "summary.json").read_text())
+    telemetry = summary["telemetry"]
+    assert telemetry["metrics_dialect"] == dialect
+    assert {f"engine_{c}" for c in columns} <= set(telemetry["columns"])
+    assert not [n for n in telemetry["notes"] if n.startswith("no engine gauges")]
+    assert f"engine gauges: {dialect}'s /metrics names" in printed
+    config = json.loads((out / "config.json").read_text())
+    assert config["server"]["kind"] == kind and config["server"]["version"] == version
+    assert config["run"]["engine_kind"] is None  # not "bundled": the engine is not ours
+    assert f"server: {kind} {version}" in printed
+
+
+def test_a_metrics_page_of_unknown_names_is_said_so(tmp_path: Path) -> None:
+    from loadgen.telemetry import Telemetry
+
+    class Page(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"# TYPE tgi_queue_size gauge\ntgi_queue_size 3\n"
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
+        tel = Telemetry(pid=None, metrics_url=url, interval_s=0.01, scrape_every=1)
+        tel.start()
+        tel.stop()
+    finally:
+        server.shutdown()
+    s = tel.summary()
+    assert s["metrics_dialect"] is None
+    assert any("carries none of servebench:, vllm:, sglang:, llamacpp:" in n for n in s["notes"])
