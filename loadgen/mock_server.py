@@ -48,8 +48,9 @@ RUNNING_KEY = web.AppKey("running", list)  # requests being answered now
 # version endpoint, and /metrics names for running, waiting, KV usage (0-1) and preemptions.
 MOCK_MODEL_PATH = "models/SmolLM2-135M-Instruct.Q4_1.gguf"  # relative, as llama-server's -m
 DIALECTS: dict[str, dict] = {
-    "servebench": {
+    "servebench": {  # root: what a run's prompts are (one word, one token, as counted here)
         "id": "mock",
+        "root": "smollm2-135m",
         "metrics": (
             "servebench:num_requests_running",
             "servebench:num_requests_waiting",

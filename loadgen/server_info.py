@@ -29,6 +29,7 @@ class ServerInfo:
     version: str | None = None
     model_path: str | None = None  # the model as the server was given it (may be relative)
     server_header: str | None = None  # the HTTP Server header, when it sent one
+    listed: bool = False  # /v1/models answered (False: down, or not OpenAI-compatible)
     detected_from: list[str] = field(default_factory=list)  # what said so, for config.json
 
     def describe(self) -> dict[str, Any]:
@@ -54,7 +55,7 @@ def detect_server(
     root = server_root(base_url)
     try:
         listing, headers = _get_json(api_url(base_url, "models"), api_key, timeout_s)
-        info.server_header = headers.get("Server")
+        info.server_header, info.listed = headers.get("Server"), True
         entries = [m for m in listing.get("data") or [] if isinstance(m, dict)]
         entry = next((m for m in entries if m.get("id") == model), entries[0] if entries else {})
         owned_by = str(entry.get("owned_by") or "")

@@ -88,3 +88,43 @@ def test_a_metrics_page_of_unknown_names_is_said_so(tmp_path: Path) -> None:
     s = tel.summary()
     assert s["metrics_dialect"] is None
     assert any("carries none of servebench:, vllm:, sglang:, llamacpp:" in n for n in s["notes"])
+
+
+def test_a_relative_model_id_from_another_directory_is_refused_naming_tokenizer(
+    tmp_path: Path, mock_server: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """llama-server lists its -m path as given: from elsewhere, the run used smollm2-135m's
+    tokenizer without a word; now it says why it has none and names --tokenizer."""
+    url = mock_server("--ttft", "0.01", "--itl", "0.001", "--dialect", "llamacpp")
+    monkeypatch.chdir(tmp_path)
+    rc, printed, out = bench_run(tmp_path, base_url=url, model=None, warmup=0)
+    assert rc == 2, printed
+    assert "no tokenizer for model 'models/SmolLM2-135M-Instruct.Q4_1.gguf'" in printed
+    assert "--tokenizer" in printed and str(tmp_path) in printed.replace("\n", "")
+    assert not (out / "summary.json").exists()
+
+
+def test_a_relative_model_id_resolves_where_the_file_is(
+    tmp_path: Path, mock_server: Callable[..., str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.model.sources import resolve_model_path
+    from loadgen.mock_server import MOCK_MODEL_PATH
+
+    url = mock_server("--ttft", "0.01", "--itl", "0.001", "--dialect", "llamacpp")
+    (tmp_path / MOCK_MODEL_PATH).parent.mkdir()
+    (tmp_path / MOCK_MODEL_PATH).symlink_to(resolve_model_path("smollm2-135m"))
+    monkeypatch.chdir(tmp_path)
+    rc, printed, out = bench_run(tmp_path, base_url=url, model=None, warmup=0)
+    assert rc == 0, printed
+    assert json.loads((out / "config.json").read_text())["tokenizer"] == MOCK_MODEL_PATH
+
+
+def test_a_served_name_resolves_through_the_model_path_the_server_reports(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    """vLLM's --served-model-name hides the path; its /v1/models `root` still says it."""
+    url = mock_server("--ttft", "0.01", "--itl", "0.001", "--dialect", "vllm")
+    rc, printed, out = bench_run(tmp_path, base_url=url, model="mock", warmup=0)
+    assert rc == 0, printed
+    assert "the model path the server reports" in printed
+    assert json.loads((out / "config.json").read_text())["tokenizer"] == "smollm2-135m"
