@@ -153,10 +153,17 @@ def print_result(console: Console, summary: dict[str, Any], title: str) -> None:
 def _cached_row(summary: dict[str, Any]) -> list[tuple[str, str]]:
     """Prompt tokens served by the server's prefix cache, where its usage reports them."""
     cached, total = summary.get("total_cached_tokens"), summary["total_input_tokens"]
+    rows = []
+    added = summary.get("prompt_tokens_added") or {}
+    if added.get("mean", 0) >= 1:  # the server's chat template (or BOS): see the warning
+        each = (
+            f"{added['min']}" if added["min"] == added["max"] else f"{added['min']}-{added['max']}"
+        )
+        rows.append(("  of which added by the server", f"{added['total']} ({each} a request)"))
     if cached is None:
-        return []
+        return rows
     share = f" ({cached / total:.0%})" if total else ""
-    return [("  of which from the prefix cache", f"{cached}{share}")]
+    return [*rows, ("  of which from the prefix cache", f"{cached}{share}")]
 
 
 def _spec_rows(telemetry: dict[str, Any]) -> list[tuple[str, str]]:

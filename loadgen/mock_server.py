@@ -36,6 +36,7 @@ class MockTiming:
     itl_s: float = 0.01
     tokens_per_chunk: int = 1
     usage: bool = True  # send the final usage chunk when asked for it
+    template_tokens: int = 0  # what a chat template adds to a chat prompt's count
 
 
 TIMING_KEY = web.AppKey("timing", MockTiming)
@@ -161,6 +162,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     # the whole conversation, as a server's usage counts it
     prompt = " ".join(str(m["content"]) for m in body["messages"]) if chat else str(body["prompt"])
     prompt_tokens = len(prompt.split())  # one "token" per word: the load generator's prompts
+    prompt_tokens += timing.template_tokens if chat else 0
     per_chunk = timing.tokens_per_chunk
     n_chunks = max(1, -(-max_tokens // per_chunk))
     n = int(body.get("n") or 1)  # parallel sampling: n choices, their chunks side by side
@@ -282,11 +284,12 @@ def main() -> None:
     p.add_argument("--itl", type=float, default=0.01, help="seconds between chunks")
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
+    p.add_argument("--template-tokens", type=int, default=0, help="a chat template's tokens")
     p.add_argument("--misbehave", choices=sorted(MISBEHAVIOURS), help="every request's mode")
     p.add_argument("--require-header", action="append", default=[], help="'NAME: VALUE' (else 401)")
     p.add_argument("--dialect", choices=sorted(DIALECTS), default="servebench", help="pose as")
     a = p.parse_args()
-    timing = MockTiming(a.ttft, a.itl, a.tokens_per_chunk, not a.no_usage)
+    timing = MockTiming(a.ttft, a.itl, a.tokens_per_chunk, not a.no_usage, a.template_tokens)
     required = dict(h.split(": ", 1) for h in a.require_header)
     app = build_mock_app(timing, a.misbehave, required, a.dialect)
     try:

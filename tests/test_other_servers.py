@@ -128,3 +128,21 @@ def test_a_served_name_resolves_through_the_model_path_the_server_reports(
     assert rc == 0, printed
     assert "the model path the server reports" in printed
     assert json.loads((out / "config.json").read_text())["tokenizer"] == "smollm2-135m"
+
+
+def test_a_chat_run_says_what_the_template_added(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    """SmolLM2's template made --input-len 32 into 62 prompt tokens without a word."""
+    url = mock_server("--ttft", "0.01", "--itl", "0.001", "--template-tokens", "30")
+    flags = {"base_url": url, "model": "mock", "endpoint": "chat", "input_len": "32"}
+    rc, printed, out = bench_run(tmp_path, **flags, num_requests=5, warmup=0)
+    assert rc == 0, printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompt_tokens_added"] == {"mean": 30.0, "min": 30, "max": 30, "total": 150}
+    assert summary["total_input_tokens"] == 5 * 62
+    text = " ".join(printed.split())
+    assert "32 asked, 62 counted" in text and "--input-len N-30" in text
+    assert "of which added by the server │ 150 (30 a request)" in text
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    assert [json.loads(line)["prompt_tokens_added"] for line in lines] == [30] * 5
