@@ -8,6 +8,7 @@ these is "unknown", said so, never guessed."""
 from __future__ import annotations
 
 import json
+import urllib.error
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -64,7 +65,11 @@ def detect_server(
             info.detected_from.append(f"/v1/models owned_by={owned_by}")
         if isinstance(entry.get("root"), str):  # vLLM, SGLang: the path it loaded
             info.model_path = entry["root"]
-    except (OSError, ValueError, AttributeError):
+    except urllib.error.HTTPError:
+        pass  # there, but no listing (or wants a key): its other endpoints may still say
+    except OSError:
+        return info  # down or not answering: asking three more endpoints costs their timeouts
+    except (ValueError, AttributeError):
         pass
     kinds = [info.kind] if info.kind != "unknown" else ["llamacpp", "vllm", "sglang"]
     for kind in kinds:  # owned_by silent: the first kind-specific endpoint that answers

@@ -146,3 +146,15 @@ def test_a_chat_run_says_what_the_template_added(
     assert "of which added by the server │ 150 (30 a request)" in text
     lines = (out / "requests.jsonl").read_text().splitlines()
     assert [json.loads(line)["prompt_tokens_added"] for line in lines] == [30] * 5
+
+
+def test_a_server_that_is_down_is_unknown_and_asked_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    import loadgen.server_info as server_info
+
+    asked: list[str] = []
+    real = server_info.http_get
+    monkeypatch.setattr(server_info, "http_get", lambda url, *a: asked.append(url) or real(url, *a))
+    info = server_info.detect_server("http://127.0.0.1:9/v1", "m")
+    assert (info.kind, info.version, info.listed) == ("unknown", None, False)
+    assert asked == ["http://127.0.0.1:9/v1/models"]  # not /props, /version, ... too
+    assert "not detected" in info.text()
