@@ -77,6 +77,7 @@ class RunConfig:
     seed: int = 0
     # workload
     input_len: str | None = None  # None: 256; a trace or dataset gives its own
+    input_len_after_template: bool = False  # chat: --input-len counts the templated prompt
     output_len: str | None = None  # None: 128; a trace or dataset gives its own
     dataset: str | None = None
     shared_prefix_len: int = 0
@@ -157,6 +158,13 @@ class RunConfig:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
         if self.dataset and self.input_len is not None:
             raise ValueError("a dataset gives the prompts: --input-len cannot go with --dataset")
+        if self.input_len_after_template and (
+            self.endpoint != "chat" or self.arrival == "trace" or self.dataset or self.turns
+        ):
+            raise ValueError(
+                "--input-len-after-template takes a chat template's tokens off synthetic "
+                "single-turn prompts: it needs --endpoint chat, and no trace, dataset or --turns"
+            )
         if not 1 <= self.n <= 256:
             raise ValueError(f"n must be in [1, 256] completions per prompt, got {self.n}")
         if self.n > 1 and self.turns is not None:

@@ -222,7 +222,8 @@ def summarize(
                 "role markers) or a BOS. Input tokens and throughput count them, and a "
                 "template's system prompt is the same in every request (the prefix cache "
                 "serves it). --input-len sets the length before templating: to target N "
-                f"tokens after it, give --input-len N-{round(mean_added)}"
+                f"tokens after it, give --input-len N-{round(mean_added)}, or "
+                "--input-len-after-template"
             )
     short = sum(r.output_tokens < r.output_len for r in ok)
     if short:

@@ -158,3 +158,36 @@ def test_a_server_that_is_down_is_unknown_and_asked_once(monkeypatch: pytest.Mon
     assert (info.kind, info.version, info.listed) == ("unknown", None, False)
     assert asked == ["http://127.0.0.1:9/v1/models"]  # not /props, /version, ... too
     assert "not detected" in info.text()
+
+
+def test_input_len_after_template_targets_the_templated_length(tmp_path: Path) -> None:
+    """The engine counts the templated prompt itself: 62 asked, 62 counted."""
+    flags = {"in_process": True, "endpoint": "chat", "input_len": "62", "output_len": "2"}
+    rc, printed, out = bench_run(
+        tmp_path, **flags, input_len_after_template=True, num_requests=4, warmup=0
+    )
+    assert rc == 0, printed
+    summary = json.loads((out / "summary.json").read_text())
+    taken_off = summary["config"]["template_tokens"]
+    assert taken_off > 0 and f"the chat template adds {taken_off} tokens" in printed
+    assert summary["total_input_tokens"] == 4 * 62
+    assert summary["prompt_tokens_added"]["mean"] == taken_off
+    assert not [w for w in summary["warnings"] if "prompt" in w]
+
+
+def test_a_server_template_unlike_the_tokenizers_is_said_so(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    url = mock_server("--ttft", "0.01", "--itl", "0.001", "--template-tokens", "5")
+    flags = {"base_url": url, "model": "mock", "endpoint": "chat", "input_len": "62"}
+    rc, printed, out = bench_run(
+        tmp_path, **flags, input_len_after_template=True, num_requests=3, warmup=0
+    )
+    assert rc == 0, printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert any("its template is not the tokenizer's" in w for w in summary["warnings"])
+
+
+def test_input_len_after_template_needs_a_synthetic_chat_run(tmp_path: Path) -> None:
+    rc, printed, _ = bench_run(tmp_path, input_len_after_template=True, in_process=True)
+    assert rc == 2 and "needs --endpoint chat" in " ".join(printed.split())
