@@ -414,6 +414,14 @@ def run(
     input_len: Annotated[
         str | None, Opt(help="N | uniform:lo:hi | normal:mean:std | lognormal:mean:sigma")
     ] = None,
+    input_len_after_template: Annotated[
+        bool | None,
+        Opt(
+            "--input-len-after-template",
+            help="chat: --input-len is the prompt's length after the chat template (its "
+            "tokens, from the tokenizer's template, come off each prompt)",
+        ),
+    ] = None,
     output_len: Annotated[str | None, Opt(help="as --input-len")] = None,
     dataset: Annotated[str | None, Opt(help="sharegpt:PATH")] = None,
     shared_prefix_len: Annotated[

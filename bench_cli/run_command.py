@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import signal
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from bench_cli.tables import print_result, sim_title
 from loadgen.config import RunConfig, build_config, load_profile
 from loadgen.redact import printable, redact_url
 
-BUNDLED_MODEL = DEFAULT_TOKENIZER = "smollm2-135m"
+BUNDLED_MODEL = "smollm2-135m"
 
 
 def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
@@ -116,13 +115,18 @@ def run_one(
 def _run_one(
     cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console, report: bool
 ) -> dict[str, Any]:
+    from bench_cli.tokenizer_choice import resolve_tokenizer
     from loadgen.benchmark import Target, build_plan, connect, measure
+    from loadgen.server_info import ServerInfo
 
-    tokenizer, tokenizer_name = _tokenizer(cfg, console)
+    server_info = _detected_server(cfg, console) if cfg.base_url else None
+    tokenizer, tokenizer_name = resolve_tokenizer(cfg, server_info, console)
     built = build_plan(cfg, tokenizer)
     for note in built.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
+    if isinstance(server_info, ServerInfo):  # an external server: what it said it is
+        config["server"] = server_info.describe()
     config["load"] = _load_text(cfg)  # in words, for the report's subtitle
     server: LocalServer | None = None
     try:
@@ -196,6 +200,16 @@ def _run_one(
     return summary
 
 
+def _detected_server(cfg: RunConfig, console: Console) -> Any:
+    """The external server's kind and version as it says them (loadgen/server_info.py)."""
+    from loadgen.server_info import detect_server
+
+    assert cfg.base_url is not None
+    info = detect_server(cfg.base_url, cfg.model, cfg.api_key)
+    console.print(f"server: {escape(printable(info.text()))}", highlight=False)
+    return info
+
+
 def _default_model(cfg: RunConfig) -> str:
     if not cfg.base_url:
         return BUNDLED_MODEL
@@ -205,37 +219,6 @@ def _default_model(cfg: RunConfig) -> str:
     if not models:
         raise ValueError(f"{redact_url(cfg.base_url)}/models lists no model; pass --model")
     return models[0]
-
-
-def _tokenizer(cfg: RunConfig, console: Console) -> tuple[Any, str]:
-    """The one asked for; else the model's, when we can load it; else smollm2-135m's."""
-    from engine.model.sources import ModelLoadError
-
-    load_tokenizer = _cached_tokenizer  # a sweep loads the same one at every point
-
-    if cfg.tokenizer:
-        tok = load_tokenizer(cfg.tokenizer)
-        if tok is None:
-            raise ValueError(f"{cfg.tokenizer!r} has no tokenizer")
-        return tok, cfg.tokenizer
-    with contextlib.suppress(ModelLoadError):
-        tok = load_tokenizer(cfg.model)
-        if tok is not None:
-            return tok, cfg.model
-    if cfg.base_url:
-        console.print(
-            f"[yellow]note:[/] no tokenizer for '{escape(printable(cfg.model))}' here; prompts "
-            f"are built with {DEFAULT_TOKENIZER}'s (pass --tokenizer); token counts come from "
-            "the server's usage"
-        )
-    return load_tokenizer(DEFAULT_TOKENIZER), DEFAULT_TOKENIZER
-
-
-@functools.lru_cache(maxsize=4)  # a sweep asks for the same one at every point
-def _cached_tokenizer(name: str) -> Any:
-    from engine.model.sources import load_tokenizer
-
-    return load_tokenizer(name)
 
 
 def _load_text(cfg: RunConfig) -> str:

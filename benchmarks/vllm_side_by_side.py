@@ -68,6 +68,10 @@ def setup_vllm_env(path: Path, torch_spec: str) -> None:
 def vllm_child(spec_file: str, out_file: str) -> None:
     import time
 
+    from child_procs import stop_group_on_sigterm
+
+    stop_group_on_sigterm()  # vLLM's EngineCore and workers go with us
+
     import torch
     import vllm
     from vllm import LLM, SamplingParams
@@ -119,6 +123,7 @@ def vllm_env(args: argparse.Namespace) -> dict[str, str]:
 def run_vllm(
     args: argparse.Namespace, spec: dict[str, Any], workdir: Path
 ) -> tuple[Result, list[list[int]]]:
+    from child_procs import run_group
     from engine_throughput import Result
 
     spec_file, out_file = workdir / "spec.json", workdir / "vllm-out.json"
@@ -126,12 +131,12 @@ def run_vllm(
     cmd = [args.vllm_python, __file__, "--child", str(spec_file), str(out_file)]
     log = workdir / "vllm.log"
     env = vllm_env(args)
-    with log.open("w") as f:
-        proc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
-    if proc.returncode:
+    with log.open("w") as f:  # its own process group, stopped whole on every exit path
+        returncode = run_group(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if returncode:
         tail = log.read_text().splitlines()[-15:]
         raise SystemExit(
-            f"vLLM child failed ({proc.returncode}); last lines of {log}:\n" + "\n".join(tail)
+            f"vLLM child failed ({returncode}); last lines of {log}:\n" + "\n".join(tail)
         )
     out = json.loads(out_file.read_text())
     preload = ", Intel OpenMP preloaded" if "LD_PRELOAD" in env else ""

@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
+from loadgen.endpoints import api_url, server_root
 from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.mix import class_schedule, merge, warmup_requests
 from loadgen.records import RecordWriter, RequestRecord
@@ -39,6 +39,7 @@ from loadgen.workload import (
     RequestSpec,
     ShareGPT,
     WorkloadConfig,
+    chat_template_tokens,
     from_trace,
     read_sharegpt,
     sharegpt,
@@ -93,9 +94,7 @@ class Target:
 
 def _metrics_url(base_url: str) -> str:
     """/metrics beside the API root (/v1), the root's query kept."""
-    parts = urlsplit(base_url)
-    root = parts.path.rstrip("/").removesuffix("/v1")
-    return urlunsplit(parts._replace(path=f"{root}/metrics"))
+    return api_url(server_root(base_url), "metrics")
 
 
 @dataclass(slots=True)
@@ -154,7 +153,13 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         warm = sharegpt(data, warmup_seed, cfg.output_len)
     else:
         in_len, out_len = cfg.input_len or DEFAULT_INPUT_LEN, cfg.output_len or DEFAULT_OUTPUT_LEN
-        wl = WorkloadConfig(in_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed)
+        added = chat_template_tokens(builder) if cfg.input_len_after_template else 0
+        if added:  # what the template adds comes off each prompt: --input-len after it
+            info["template_tokens"] = added
+            notes.append(f"the chat template adds {added} tokens: taken off each prompt")
+        wl = WorkloadConfig(
+            in_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed, added
+        )
         stream = synthetic(wl, builder)
         if cfg.turns is not None:  # each turn a fresh prompt of the input length, after the rest
             stream = synthetic_sessions(stream, cfg.turns, cfg.think_time, cfg.seed)
@@ -314,12 +319,28 @@ def measure(
     if clock is None:  # a simulation's timeline is its steps.jsonl
         telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
     summary["telemetry"] = telemetry.summary()
+    _check_template_tokens(summary, built.info.get("template_tokens"))
     if engine is not None:  # in process: no /metrics, the engine's own counters
         summary["telemetry"] |= spec_counts(spec_before, engine.spec_stats())
     explain_multi_token_chunks(summary)
     draft_shares_by_request(summary, outcome.records)
     summary["clock_t0"] = outcome.t0  # perf_counter at t=0: steps.jsonl's "t" minus this
     return summary, outcome
+
+
+def _check_template_tokens(summary: dict[str, Any], taken_off: int | None) -> None:
+    """--input-len-after-template: the server's count against what was taken off the prompts
+    (a template of its own, not the tokenizer's, shows here)."""
+    added = summary.get("prompt_tokens_added")
+    if taken_off is None or not added:
+        return
+    summary["warnings"] = [w for w in summary["warnings"] if not w.startswith("the server counted")]
+    if abs(added["mean"] - taken_off) >= 0.5:
+        summary["warnings"].append(
+            f"--input-len-after-template took {taken_off} tokens off each prompt (the "
+            f"tokenizer's chat template) but the server counted {added['mean']:.3g} added: its "
+            "template is not the tokenizer's, and the prompts miss --input-len by the difference"
+        )
 
 
 def draft_shares_by_request(summary: dict[str, Any], records: list[RequestRecord]) -> None:

@@ -77,6 +77,7 @@ class RunConfig:
     seed: int = 0
     # workload
     input_len: str | None = None  # None: 256; a trace or dataset gives its own
+    input_len_after_template: bool = False  # chat: --input-len counts the templated prompt
     output_len: str | None = None  # None: 128; a trace or dataset gives its own
     dataset: str | None = None
     shared_prefix_len: int = 0
@@ -157,6 +158,13 @@ class RunConfig:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
         if self.dataset and self.input_len is not None:
             raise ValueError("a dataset gives the prompts: --input-len cannot go with --dataset")
+        if self.input_len_after_template and (
+            self.endpoint != "chat" or self.arrival == "trace" or self.dataset or self.turns
+        ):
+            raise ValueError(
+                "--input-len-after-template takes a chat template's tokens off synthetic "
+                "single-turn prompts: it needs --endpoint chat, and no trace, dataset or --turns"
+            )
         if not 1 <= self.n <= 256:
             raise ValueError(f"n must be in [1, 256] completions per prompt, got {self.n}")
         if self.n > 1 and self.turns is not None:
@@ -295,8 +303,12 @@ class RunConfig:
         return out | {k: v for k, v in given if v is not None}
 
     def to_dict(self) -> dict[str, Any]:
-        """For results files: credentials masked (loadgen/redact.py)."""
-        return redact_settings(dataclasses.asdict(self))  # type: ignore[return-value]
+        """For results files: credentials masked (loadgen/redact.py); engine_kind only when the
+        engine is ours (an external server's kind is config.json's `server`)."""
+        out = redact_settings(dataclasses.asdict(self))
+        if self.base_url:
+            out["engine_kind"] = None
+        return out  # type: ignore[return-value]
 
 
 def load_profile(name_or_path: str) -> dict[str, Any]:

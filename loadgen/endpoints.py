@@ -17,6 +17,12 @@ def api_url(base_url: str, path: str) -> str:
     return urlunsplit(parts._replace(path=joined))
 
 
+def server_root(base_url: str) -> str:
+    """The server's root beside its API root (/v1): where /metrics, /version, /props are."""
+    parts = urlsplit(base_url)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/").removesuffix("/v1")))
+
+
 def http_get(url: str, api_key: str | None, timeout_s: float) -> Any:
     """urllib's GET, with a URL's user:password@ sent as Basic auth (aiohttp does the same)."""
     import base64

@@ -208,6 +208,26 @@ def summarize(
             f"{zero / len(itl):.0%} of ITL gaps are 0: chunks arrived together in one network "
             "read (the server batched them, or the client fell behind reading)"
         )
+    added = [r.prompt_tokens_added for r in ok if r.prompt_tokens_added is not None]
+    if added:
+        summary["prompt_tokens_added"] = {
+            "mean": float(np.mean(added)),
+            "min": min(added),
+            "max": max(added),
+            "total": sum(added),
+        }
+        if (mean_added := float(np.mean(added))) >= 1:
+            asked = float(np.mean([r.input_len for r in ok if r.prompt_tokens_added is not None]))
+            warnings.append(
+                f"the server counted {mean_added:.3g} more prompt tokens a request than were "
+                f"asked ({asked:.3g} asked, {asked + mean_added:.3g} counted; min "
+                f"{min(added)}, max {max(added)} added): its chat template (a system prompt, "
+                "role markers) or a BOS. Input tokens and throughput count them, and a "
+                "template's system prompt is the same in every request (the prefix cache "
+                "serves it). --input-len sets the length before templating: to target N "
+                f"tokens after it, give --input-len N-{round(mean_added)}, or "
+                "--input-len-after-template"
+            )
     short = sum(r.output_tokens < r.output_len for r in ok)
     if short:
         warnings.append(

@@ -12,6 +12,10 @@ It can also misbehave, as servers under stress or behind broken proxies do (MISB
 every request with `--misbehave MODE`, or those whose model is MODE (`--model cut`), or every
 K-th request of that model from the second on (`--model cut@2`: the test request passes;
 `cut@2+a` and `cut@2+b` count apart).
+
+It can also speak another server's dialect (`--dialect`, DIALECTS): that server's /v1/models
+`owned_by` and model-id form, its version endpoint and its /metrics names, with the gauges
+(running, waiting, KV usage) following the requests it is streaming.
 """
 
 from __future__ import annotations
@@ -32,11 +36,66 @@ class MockTiming:
     itl_s: float = 0.01
     tokens_per_chunk: int = 1
     usage: bool = True  # send the final usage chunk when asked for it
+    template_tokens: int = 0  # what a chat template adds to a chat prompt's count
 
 
 TIMING_KEY = web.AppKey("timing", MockTiming)
 COUNT_KEY = web.AppKey("count", list)
 MODE_KEY = web.AppKey("mode", dict)  # misbehave: the default mode, required headers, counts
+DIALECT_KEY = web.AppKey("dialect", str)
+RUNNING_KEY = web.AppKey("running", list)  # requests being answered now
+
+# What each peer says about itself (looked up in their sources): its model id form, owned_by,
+# version endpoint, and /metrics names for running, waiting, KV usage (0-1) and preemptions.
+MOCK_MODEL_PATH = "models/SmolLM2-135M-Instruct.Q4_1.gguf"  # relative, as llama-server's -m
+DIALECTS: dict[str, dict] = {
+    "servebench": {  # root: what a run's prompts are (one word, one token, as counted here)
+        "id": "mock",
+        "root": "smollm2-135m",
+        "metrics": (
+            "servebench:num_requests_running",
+            "servebench:num_requests_waiting",
+            None,
+            "servebench:num_preemptions_total",
+        ),
+        "version": ("/version", {"version": "0.0.0-mock"}),
+    },
+    "vllm": {
+        "id": "mock",
+        "root": "smollm2-135m",
+        "metrics": (
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "vllm:num_preemptions_total",
+        ),
+        "version": ("/version", {"version": "0.11.0"}),
+    },
+    "sglang": {
+        "id": "mock",
+        "root": "smollm2-135m",
+        "metrics": (
+            "sglang:num_running_reqs",
+            "sglang:num_queue_reqs",
+            "sglang:token_usage",
+            "sglang:num_retracted_requests_total",
+        ),
+        "version": ("/get_server_info", {"version": "0.5.3", "tp_size": 1}),
+    },
+    "llamacpp": {  # llama-server: the id is the -m path as given, no root
+        "id": MOCK_MODEL_PATH,
+        "metrics": (
+            "llamacpp:requests_processing",
+            "llamacpp:requests_deferred",
+            "llamacpp:kv_cache_usage_ratio",
+            None,
+        ),
+        "version": (
+            "/props",
+            {"model_path": MOCK_MODEL_PATH, "build_info": "b6700-mock", "chat_template": ""},
+        ),
+    },
+}
 
 MISBEHAVIOURS = {
     "cut": "the stream stops after choice 0's finish chunk: no usage, no [DONE], and with n > 1 "
@@ -103,6 +162,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     # the whole conversation, as a server's usage counts it
     prompt = " ".join(str(m["content"]) for m in body["messages"]) if chat else str(body["prompt"])
     prompt_tokens = len(prompt.split())  # one "token" per word: the load generator's prompts
+    prompt_tokens += timing.template_tokens if chat else 0
     per_chunk = timing.tokens_per_chunk
     n_chunks = max(1, -(-max_tokens // per_chunk))
     n = int(body.get("n") or 1)  # parallel sampling: n choices, their chunks side by side
@@ -146,16 +206,47 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     return resp
 
 
+async def _counted(request: web.Request, chat: bool) -> web.StreamResponse:
+    running = request.app[RUNNING_KEY]
+    running[0] += 1
+    try:
+        return await _generate(request, chat)
+    finally:
+        running[0] -= 1
+
+
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=False)
+    return await _counted(request, chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await _generate(request, chat=True)
+    return await _counted(request, chat=True)
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": "mock", "object": "model"}]})
+    dialect = request.app[DIALECT_KEY]
+    spec = DIALECTS[dialect]
+    entry = {"id": spec["id"], "object": "model", "owned_by": dialect}
+    if "root" in spec:
+        entry["root"] = spec["root"]
+    return web.json_response({"object": "list", "data": [entry]})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The dialect's gauges; vLLM and SGLang label theirs by model, as they do."""
+    spec = DIALECTS[request.app[DIALECT_KEY]]
+    running = request.app[RUNNING_KEY][0]
+    label = '{model_name="mock"}' if request.app[DIALECT_KEY] in ("vllm", "sglang") else ""
+    values = (running, 0, min(1.0, running / 64), 0)
+    lines = []
+    for name, value in zip(spec["metrics"], values, strict=True):
+        if name is not None:
+            lines += [f"# TYPE {name} gauge", f"{name}{label} {float(value)}"]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response(DIALECTS[request.app[DIALECT_KEY]]["version"][1])
 
 
 async def health(request: web.Request) -> web.Response:
@@ -163,11 +254,16 @@ async def health(request: web.Request) -> web.Response:
 
 
 def build_mock_app(
-    timing: MockTiming, misbehave: str | None = None, headers: dict[str, str] | None = None
+    timing: MockTiming,
+    misbehave: str | None = None,
+    headers: dict[str, str] | None = None,
+    dialect: str = "servebench",
 ) -> web.Application:
     """`misbehave`: every request's mode (MISBEHAVIOURS); `headers`: what every request must
-    carry (else a 401)."""
+    carry (else a 401); `dialect`: whose server it poses as (DIALECTS)."""
     app = web.Application()
+    app[DIALECT_KEY] = dialect
+    app[RUNNING_KEY] = [0]
     app[TIMING_KEY] = timing
     app[COUNT_KEY] = [0]
     app[MODE_KEY] = {"default": misbehave, "headers": headers or {}, "counts": {}}
@@ -175,6 +271,8 @@ def build_mock_app(
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get(DIALECTS[dialect]["version"][0], version)
     return app
 
 
@@ -186,12 +284,14 @@ def main() -> None:
     p.add_argument("--itl", type=float, default=0.01, help="seconds between chunks")
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--no-usage", action="store_true", help="never send a usage chunk")
+    p.add_argument("--template-tokens", type=int, default=0, help="a chat template's tokens")
     p.add_argument("--misbehave", choices=sorted(MISBEHAVIOURS), help="every request's mode")
     p.add_argument("--require-header", action="append", default=[], help="'NAME: VALUE' (else 401)")
+    p.add_argument("--dialect", choices=sorted(DIALECTS), default="servebench", help="pose as")
     a = p.parse_args()
-    timing = MockTiming(a.ttft, a.itl, a.tokens_per_chunk, not a.no_usage)
+    timing = MockTiming(a.ttft, a.itl, a.tokens_per_chunk, not a.no_usage, a.template_tokens)
     required = dict(h.split(": ", 1) for h in a.require_header)
-    app = build_mock_app(timing, a.misbehave, required)
+    app = build_mock_app(timing, a.misbehave, required, a.dialect)
     try:
         import uvloop  # the server must never be what limits a capacity measurement
 

@@ -37,6 +37,9 @@ class RequestRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None  # of those, served by the server's prefix cache (usage)
     prompt_tokens_source: str = "tokenizer"  # usage | tokenizer | engine
+    # The server's count minus the asked length (single-turn, counted by the server): what its
+    # chat template (a system prompt, role markers) or a BOS added to the prompt we built.
+    prompt_tokens_added: int | None = None
     output_tokens: int = 0
     output_tokens_source: str = "chunks"  # usage | tokenizer | chunks | engine
     status: str = "pending"  # ok | error | cancelled

@@ -365,6 +365,9 @@ class LoadRunner:
             return  # already recorded
         if rec.status == "pending":
             rec.status = "error"
+        counted = rec.prompt_tokens_source != "tokenizer" and rec.prompt_tokens is not None
+        if counted and rec.turn is None:  # a later turn's input_len is not its whole context
+            rec.prompt_tokens_added = rec.prompt_tokens - rec.input_len  # type: ignore[operator]
         (self.warmup_records if rec.warmup else self.records).append(rec)
         if not rec.warmup:
             self.progress.completed += rec.ok

@@ -1,7 +1,8 @@
 """What the hardware and the server did during a run, sampled on a background thread onto the
 same clock as the request records (perf_counter): GPUs through NVML; without a GPU, the
 server process's CPU% and RSS; and the engine's queue and KV-cache gauges from /metrics
-(ours, or vLLM's names). Nothing here may crash or slow a run: failures mean fewer columns."""
+(ours, vLLM's, SGLang's or llama.cpp's names, onto the same columns). Nothing here may crash
+or slow a run: failures mean fewer columns, and a note says why."""
 
 from __future__ import annotations
 
@@ -16,14 +17,35 @@ from typing import Any
 from loadgen.endpoints import http_get
 from loadgen.redact import redact_url
 
-# Prometheus names of the engine gauges we follow: ours first, then vLLM's.
+# Prometheus names of the engine gauges we follow: ours, vLLM's, SGLang's, llama.cpp's (from
+# their sources). kv_usage is a 0-1 fraction in all three; llama.cpp has no preemptions (a
+# full slot defers the request) and newer builds no KV usage; SGLang calls them retractions.
 ENGINE_GAUGES = {
-    "running": ("servebench:num_requests_running", "vllm:num_requests_running"),
-    "waiting": ("servebench:num_requests_waiting", "vllm:num_requests_waiting"),
+    "running": (
+        "servebench:num_requests_running",
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "llamacpp:requests_processing",
+    ),
+    "waiting": (
+        "servebench:num_requests_waiting",
+        "vllm:num_requests_waiting",
+        "sglang:num_queue_reqs",
+        "llamacpp:requests_deferred",
+    ),
     "kv_blocks_used": ("servebench:kv_blocks_used",),
     "kv_peak_blocks_used": ("servebench:kv_peak_blocks_used",),
-    "kv_usage": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc"),
-    "preemptions": ("servebench:num_preemptions_total", "vllm:num_preemptions_total"),
+    "kv_usage": (
+        "vllm:gpu_cache_usage_perc",
+        "vllm:kv_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+    ),
+    "preemptions": (
+        "servebench:num_preemptions_total",
+        "vllm:num_preemptions_total",
+        "sglang:num_retracted_requests_total",
+    ),
     "prefix_cache_queries": (
         "servebench:prefix_cache_queries_total",
         "vllm:prefix_cache_queries_total",
@@ -56,6 +78,18 @@ PER_POSITION = (
 # Engine gauges whose mean over the run matters, not only the peak: the batch the engine
 # actually kept (an fp8 KV cache should hold about twice as many at the same budget).
 TIME_AVERAGED = ("engine_running", "engine_kv_blocks_used")
+
+
+METRIC_DIALECTS = ("servebench", "vllm", "sglang", "llamacpp")  # the names' prefixes
+
+
+def metrics_dialect(text: str) -> str | None:
+    """Whose names a /metrics page carries (the first known prefix on a sample line)."""
+    for line in text.splitlines():
+        prefix = line.partition(":")[0]
+        if line and line[0] != "#" and prefix in METRIC_DIALECTS:
+            return prefix
+    return None
 
 
 def parse_gauges(text: str) -> dict[str, float]:
@@ -130,6 +164,8 @@ class Telemetry:
         self._gpus: list[Any] = []
         self._proc: Any = None
         self._scraped = False  # /metrics answered at least once
+        self.dialect: str | None = None  # whose metric names it carried
+        self._scrape_error: str | None = None  # the last failure, for the note
 
     def start(self) -> None:
         self._open_nvml()
@@ -157,9 +193,16 @@ class Telemetry:
             row = {"t": time.perf_counter()}
             self._scrape(row)
             self.rows.append(row)
+            where = redact_url(self.metrics_url)
             if not self._scraped:
-                where = redact_url(self.metrics_url)
-                self.notes.append(f"no engine gauges: nothing read from {where}")
+                why = f" ({self._scrape_error})" if self._scrape_error else ""
+                self.notes.append(
+                    f"no engine gauges: nothing read from {where}{why} (llama-server exports it "
+                    "with --metrics, SGLang with --enable-metrics)"
+                )
+            elif self.dialect is None:
+                known = ", ".join(f"{d}:" for d in METRIC_DIALECTS)
+                self.notes.append(f"no engine gauges: {where} carries none of {known} names")
         if self._nvml is not None:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
@@ -216,14 +259,16 @@ class Telemetry:
     def _scrape(self, row: dict[str, float]) -> None:
         try:
             with http_get(self.metrics_url, None, timeout_s=1) as r:
-                gauges = parse_gauges(r.read().decode())
+                text = r.read().decode()
+            gauges = parse_gauges(text)
+            self.dialect = self.dialect or metrics_dialect(text)
             rss = gauges.pop("rss_bytes", None)
             if rss is not None and self._proc is None:  # a server we cannot see: its own word
                 row["server_rss_mb"] = rss / 2**20
             row |= {f"engine_{k}": v for k, v in gauges.items()}
             self._scraped = True
-        except Exception:
-            pass
+        except Exception as e:
+            self._scrape_error = f"{type(e).__name__}: {e}"[:200]
 
     def summary(self) -> dict[str, Any]:
         """Peaks and means for the run's summary (and each sweep point's row); `columns`
@@ -234,6 +279,8 @@ class Telemetry:
             "notes": self.notes,
             "columns": sorted(names),
         }
+        if self.metrics_url:  # whose /metrics names were read (None: none we know)
+            out["metrics_dialect"] = self.dialect
 
         def col(name: str) -> list[float]:
             return [r[name] for r in self.rows if name in r]

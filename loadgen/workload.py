@@ -160,6 +160,7 @@ class WorkloadConfig:
     shared_prefix_len: int = 0
     num_prefix_groups: int = 1
     seed: int = 0
+    template_tokens: int = 0  # taken off each prompt: what the chat template will add
 
 
 def synthetic(cfg: WorkloadConfig, builder: PromptBuilder) -> Iterator[RequestSpec]:
@@ -170,7 +171,7 @@ def synthetic(cfg: WorkloadConfig, builder: PromptBuilder) -> Iterator[RequestSp
         raise ValueError("shared prefix length must be >= 0 and prefix groups >= 1")
     prefixes = [builder.draw(cfg.shared_prefix_len, rng) for _ in range(cfg.num_prefix_groups)]
     for i in itertools.count():
-        n = inp.sample(rng)
+        n = max(1, inp.sample(rng) - cfg.template_tokens)
         prefix = prefixes[i % len(prefixes)]
         picks = (
             np.concatenate((prefix, builder.draw(n, rng))) if len(prefix) else builder.draw(n, rng)
@@ -309,3 +310,17 @@ def sharegpt(data: ShareGPT, seed: int, output_len: str | None = None) -> Iterat
         for k in rng.permutation(len(data.pairs)):
             prompt, n_in, n_out = data.pairs[k]
             yield RequestSpec(prompt, n_in, fixed_out.sample(rng) if fixed_out else n_out)
+
+
+def chat_template_tokens(builder: PromptBuilder) -> int:
+    """What the tokenizer's chat template adds to a one-message chat prompt (SmolLM2's: a
+    system prompt and role markers, 30 tokens): as the server counts it when it applies the
+    same model's template, as llama.cpp and vLLM do by default."""
+    tok = builder.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(
+            "--input-len-after-template needs a tokenizer with a chat template (--tokenizer)"
+        )
+    text = builder.text(builder.tokens(16, np.random.default_rng(0)))
+    messages = [{"role": "user", "content": text}]
+    return len(tok.encode_chat(messages)) - len(tok.encode(text, add_special_tokens=False))

@@ -183,7 +183,8 @@ def test_a_results_folder_is_never_reused(tmp_path: Path) -> None:
 
 
 def test_a_failing_test_request_stops_the_run_before_any_load(tmp_path: Path) -> None:
-    rc, printed, out = bench_run(tmp_path, base_url="http://127.0.0.1:9/v1", model="m")
+    flags = {"base_url": "http://127.0.0.1:9/v1", "model": "m", "tokenizer": "smollm2-135m"}
+    rc, printed, out = bench_run(tmp_path, **flags)
     assert rc == 1, printed
     assert "test request to http://127.0.0.1:9/v1/completions failed" in printed
     assert "nothing was measured" in " ".join(printed.split())

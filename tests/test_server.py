@@ -635,6 +635,14 @@ def test_the_right_key_is_served_and_health_and_metrics_need_none(keyed: Server)
         client.models.list()
     assert http_request(keyed, "GET", "/health").status == 200
     assert http_request(keyed, "GET", "/metrics").status == 200
+    assert http_request(keyed, "GET", "/version").json()["version"]  # vLLM's path, no key
+
+
+def test_a_benchmark_detects_this_server_and_its_version(keyed: Server) -> None:
+    from loadgen.server_info import detect_server
+
+    info = detect_server(f"http://127.0.0.1:{keyed.port}/v1", TINY, api_key="secret")
+    assert info.kind == "servebench" and info.version not in (None, "unknown")
 
 
 def test_the_openai_client_gets_n_choices_priority_and_cached_tokens(

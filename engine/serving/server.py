@@ -207,6 +207,16 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def version(request: web.Request) -> web.Response:
+    """The package's version, at vLLM's path for it: what a benchmark records of a server."""
+    import importlib.metadata
+
+    try:
+        return web.json_response({"version": importlib.metadata.version("servebench")})
+    except importlib.metadata.PackageNotFoundError:
+        return web.json_response({"version": "unknown"})
+
+
 async def engine_config(request: web.Request) -> web.Response:
     """The engine's whole resolved config (a servebench extension): what a benchmark records."""
     engine = request.app[ENGINE_KEY].engine
@@ -372,6 +382,7 @@ def build_app(
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
+    app.router.add_get("/version", version)
     app.router.add_get("/v1/engine/config", engine_config)
     app.router.add_get("/metrics", metrics)
 

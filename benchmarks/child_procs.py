@@ -1,0 +1,91 @@
+"""Child processes a benchmark starts, stopped on every exit path with all they started.
+
+vLLM's LLM() forks an EngineCore process and workers: killing only the child we started left
+them running (one busy-polled a core for an hour). So the child leads its own process group
+and the whole group is stopped when the benchmark ends, however it ends: normally, on an
+exception or Ctrl-C (`finally`), on SIGTERM or SIGHUP (turned into SystemExit so `finally`
+runs), and when the benchmark is SIGKILLed (the kernel sends the child SIGTERM,
+PR_SET_PDEATHSIG, and `stop_group_on_sigterm` in the child takes its group down).
+Standard library only: the child side runs under vLLM's interpreter."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the child's whole process group, SIGKILL to what is left after grace_s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            break  # the group is gone
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and _group_alive(proc.pid):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)  # reaps the leader; the group may outlive it
+            time.sleep(0.05)
+        if not _group_alive(proc.pid):
+            break
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def signals_exit() -> Iterator[None]:
+    """SIGTERM and SIGHUP raise SystemExit (128 + the signal) so `finally` blocks run."""
+
+    def leave(sig: int, frame: Any) -> None:
+        raise SystemExit(128 + sig)
+
+    old = {sig: signal.signal(sig, leave) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def run_group(cmd: Sequence[str], **kwargs: Any) -> int:
+    """subprocess.run for a child that starts children: its own process group, stopped with
+    all of it on every exit path (also after a normal exit: stragglers)."""
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
+    try:
+        with signals_exit():
+            return proc.wait()
+    finally:
+        stop_group(proc)
+
+
+def stop_group_on_sigterm() -> None:
+    """In the child (a group leader): on SIGTERM, take the whole group down, itself too."""
+
+    def stop(sig: int, frame: Any) -> None:
+        os.killpg(0, signal.SIGKILL)  # the group got SIGTERM with us, or has no parent left
+
+    signal.signal(signal.SIGTERM, stop)
