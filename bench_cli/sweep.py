@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config, run_o
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
 from bench_cli.sweep_table import invalid, print_comparison
+from bench_cli.vllm_json import check_vllm_json_path
 from loadgen.redact import redact_settings
 
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
@@ -158,7 +159,11 @@ class Sweep:
             console.rule(title)
             shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
             cfg = resolve_config(self.base, _point_flags(self.flags, point, out))
+            if cfg.save_vllm_json:  # one file a point, in its folder: never one over another
+                cfg = replace(cfg, save_vllm_json=str(out / Path(cfg.save_vllm_json).name))
             try:
+                if cfg.save_vllm_json:
+                    check_vllm_json_path(cfg.save_vllm_json, str(out), overwrite=True)
                 out_dir = run_dir(str(out), self.name)
                 summary = run_one(cfg, out_dir, self.dashboard, console, report=False)
             except (ServerStartError, ValueError, ModelLoadError) as e:

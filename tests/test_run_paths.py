@@ -14,6 +14,7 @@ from rich.console import Console
 
 from bench_cli.export import run_dir
 from bench_cli.run_command import execute
+from bench_cli.sweep import run_sweep
 
 RUN = {"rate": 50.0, "num_requests": 3, "warmup": 0, "input_len": "8", "output_len": "3"}
 
@@ -71,3 +72,25 @@ def test_vllm_json_replaces_a_file_only_when_asked(
     rc, printed = bench_run(tmp_path, out=str(tmp_path / "r2"), **flags)
     assert rc == 0, printed
     assert json.loads(path.read_text())["completed"] == 3
+
+
+def test_a_sweep_writes_one_vllm_json_a_point_in_its_folder(
+    tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    """A profile's save_vllm_json in a sweep: each point keeps its own file, none replaced."""
+
+    url = mock_server("--ttft", "0", "--itl", "0")
+    profile = tmp_path / "p.toml"
+    profile.write_text(
+        f'name = "v"\nbase_url = "{url}"\nmodel = "mock"\nnum_requests = 3\nwarmup = 0\n'
+        f'input_len = "8"\noutput_len = "4"\nsave_vllm_json = "{tmp_path}/elsewhere/vllm.json"\n'
+        "[sweep]\nrate = [5, 10]\n"
+    )
+    flags = {"base_url": None, "model": None, "api_key": None, "name": None}
+    flags["out"] = str(tmp_path / "sweep")
+    rc = run_sweep(str(profile), flags, 1, None, False, Console(file=io.StringIO()))
+    assert rc == 0
+    written = sorted((tmp_path / "sweep").rglob("vllm.json"))
+    assert len(written) == 2 and len({p.parent for p in written}) == 2
+    assert not (tmp_path / "elsewhere").exists()
+    assert all(json.loads(p.read_text())["completed"] == 3 for p in written)
