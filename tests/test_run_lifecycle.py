@@ -68,7 +68,13 @@ def test_a_run_where_nothing_succeeded_writes_everything_and_says_so(
     tmp_path: Path, failing_server: str
 ) -> None:
     rc, printed, out = bench_run(
-        tmp_path, base_url=failing_server, model="m", warmup=0, num_requests=12, rate=50.0
+        tmp_path,
+        base_url=failing_server,
+        model="m",
+        tokenizer="smollm2-135m",
+        warmup=0,
+        num_requests=12,
+        rate=50.0,
     )
     text = " ".join(printed.split())
     assert rc == 1, printed
@@ -239,7 +245,9 @@ def test_a_run_whose_test_request_fails_still_writes_a_summary_and_report(
 ) -> None:
     """Every request 503, the test request included: exit 1, and the files say why."""
     _FirstThen503.served = 1  # the test request is refused too
-    rc, printed, out = bench_run(tmp_path, base_url=failing_server, model="m", warmup=0)
+    rc, printed, out = bench_run(
+        tmp_path, base_url=failing_server, model="m", tokenizer="smollm2-135m", warmup=0
+    )
     text = " ".join(printed.split())
     assert rc == 1, printed
     assert "test request to" in text and "server overloaded" in text
@@ -258,7 +266,8 @@ def test_a_sweep_stops_at_a_failed_test_request_and_reruns_it_on_resume(
     _FirstThen503.served = 1
     profile = tmp_path / "p.toml"
     profile.write_text(
-        f'name = "dead"\nbase_url = "{failing_server}"\nmodel = "m"\nnum_requests = 4\n'
+        f'name = "dead"\nbase_url = "{failing_server}"\nmodel = "m"\n'
+        'tokenizer = "smollm2-135m"\nnum_requests = 4\n'
         'input_len = "16"\noutput_len = "4"\n[sweep]\nrate = [20, 40]\n'
     )
     rc, printed = sweep(tmp_path, profile)
