@@ -549,6 +549,19 @@ def sweep(
     base_url: Annotated[str | None, Opt(help="sweep the load against an external server")] = None,
     model: Annotated[str | None, Opt(help="served model name or bundled model")] = None,
     api_key: Annotated[str | None, Opt(help="bearer token for the server")] = None,
+    num_requests: Annotated[
+        int | None, Opt(help="requests a point (replaces the profile's; not with a sweep axis)")
+    ] = None,
+    duration: Annotated[
+        float | None, Opt(help="stop sending after S seconds a point (as --num-requests)")
+    ] = None,
+    rate: Annotated[
+        float | None,
+        Opt(
+            help="one request rate for every point (refused where rate is an axis: "
+            "--rates replaces the axis)"
+        ),
+    ] = None,
     repeat: Annotated[int, Opt(help="runs per point (fresh server each): mean, std, 95% CI")] = 1,
     resume: Annotated[str | None, Opt(help="a sweep folder: skip its finished points")] = None,
     name: Annotated[str | None, Opt(help="sweep name (in the folder name)")] = None,
@@ -576,6 +589,7 @@ def sweep(
     flags |= {"engine_kind": engine_kind, "sim_device": sim_device}
     flags |= {"sim_cost_model": sim_cost_model, "sim_profile": sim_profile}
     flags |= {"sim_acceptance": sim_acceptance, "sim_draft_share": sim_draft_share}
+    flags |= {"num_requests": num_requests, "duration": duration, "rate": rate}
     code = run_sweep(
         profile or "default", flags, repeat, resume, not no_dashboard, console, rates=rates
     )
