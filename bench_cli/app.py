@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from engine.serving.access_log import QUIET_PATHS
 from engine.serving.limits import API_KEY_ENV, ServerLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
@@ -271,6 +272,10 @@ def serve(
     step_log: Annotated[
         str | None, typer.Option(help="append one JSON line per engine step to this file")
     ] = None,
+    disable_access_log_for_endpoints: Annotated[
+        str,
+        typer.Option(help="paths left out of the access log, comma-separated ('': log all)"),
+    ] = ",".join(QUIET_PATHS),
     seed: int = 0,
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -300,6 +305,7 @@ def serve(
 
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
+    from engine.serving.access_log import parse_paths
     from engine.serving.async_engine import AsyncLLMEngine
     from engine.serving.server import build_app, run
 
@@ -319,8 +325,9 @@ def serve(
         engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
     engine.log_steps(step_log)
     app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue, limits)
+    console.print(engine.startup.line(), highlight=False)
     console.print(f"serving {model} on http://{host}:{port}/v1 · {engine_line(engine)}")
-    run(app, host, port)
+    run(app, host, port, parse_paths(disable_access_log_for_endpoints))
 
 
 Opt = typer.Option
