@@ -483,6 +483,9 @@ def run(
         bool | None, Opt(help="let --save-vllm-json replace an existing file")
     ] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
+    explain: Annotated[
+        bool, Opt("--explain", help="end with two lines on what the numbers mean (make demo)")
+    ] = False,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
     device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,
     batching: Annotated[str | None, Opt(help="engine: continuous | static")] = None,
@@ -530,13 +533,14 @@ def run(
     flags = {
         k: v
         for k, v in locals().items()
-        if k not in ("profile", "no_dashboard", "header", "traffic_class")
+        if k not in ("profile", "no_dashboard", "header", "traffic_class", "explain")
     }
     flags["headers"] = header or None
     flags["classes"] = traffic_class or None
     from bench_cli.run_command import execute
 
-    raise typer.Exit(execute(profile, flags, dashboard=not no_dashboard, console=console))
+    code = execute(profile, flags, dashboard=not no_dashboard, console=console, explain=explain)
+    raise typer.Exit(code)
 
 
 @app.command()
