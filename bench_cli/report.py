@@ -481,15 +481,7 @@ def _number(v: float) -> str:
     others to 3 figures; never "-0"."""
     if 1000 <= abs(v) < 1e15:
         return f"{v:,.0f}"
-    return _unsigned_zero(f"{v:.0f}" if float(v).is_integer() else f"{v:.3g}")
-
-
-def _unsigned_zero(text: str) -> str:
-    """A value that rounds to zero printed without its sign (a lag of -1e-7 s is 0.00)."""
-    try:
-        return text[1:] if text.startswith("-") and float(text) == 0 else text
-    except ValueError:
-        return text
+    return f"{v:z.0f}" if float(v).is_integer() else f"{v:z.3g}"  # z: no "-0"
 
 
 def has_data(fig: Figure) -> bool:
@@ -518,8 +510,8 @@ def _ms(seconds: float | None) -> str:
     if seconds is None or pd.isna(seconds):
         return "-"
     ms = seconds * 1e3
-    text = f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:,.0f}"
-    return _unsigned_zero(text)
+    # z, as bench_cli/tables.py: a float's dust below zero (a schedule lag) is 0.00, not -0.00
+    return f"{ms:z.2f}" if ms < 10 else f"{ms:z.1f}" if ms < 1000 else f"{ms:,.0f}"
 
 
 def _latency_table(summary: dict[str, Any]) -> str:
