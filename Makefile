@@ -22,7 +22,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 demo: setup
-	$(BIN)/bench run
+	$(BIN)/bench run --explain
 
 lint: setup
 	$(BIN)/ruff check .

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from engine.serving.access_log import QUIET_PATHS
 from engine.serving.limits import API_KEY_ENV, ServerLimits
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, rich_markup_mode=None)
@@ -271,6 +272,10 @@ def serve(
     step_log: Annotated[
         str | None, typer.Option(help="append one JSON line per engine step to this file")
     ] = None,
+    disable_access_log_for_endpoints: Annotated[
+        str,
+        typer.Option(help="paths left out of the access log, comma-separated ('': log all)"),
+    ] = ",".join(QUIET_PATHS),
     seed: int = 0,
     dtype: Dtype = "auto",
     device: Device = "auto",
@@ -300,6 +305,7 @@ def serve(
 
     from engine.config import EngineConfig
     from engine.engine import LLMEngine
+    from engine.serving.access_log import parse_paths
     from engine.serving.async_engine import AsyncLLMEngine
     from engine.serving.server import build_app, run
 
@@ -319,8 +325,9 @@ def serve(
         engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
     engine.log_steps(step_log)
     app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue, limits)
+    console.print(engine.startup.line(), highlight=False)
     console.print(f"serving {model} on http://{host}:{port}/v1 · {engine_line(engine)}")
-    run(app, host, port)
+    run(app, host, port, parse_paths(disable_access_log_for_endpoints))
 
 
 Opt = typer.Option
@@ -476,6 +483,9 @@ def run(
         bool | None, Opt(help="let --save-vllm-json replace an existing file")
     ] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
+    explain: Annotated[
+        bool, Opt("--explain", help="end with two lines on what the numbers mean (make demo)")
+    ] = False,
     dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
     device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,
     batching: Annotated[str | None, Opt(help="engine: continuous | static")] = None,
@@ -523,13 +533,14 @@ def run(
     flags = {
         k: v
         for k, v in locals().items()
-        if k not in ("profile", "no_dashboard", "header", "traffic_class")
+        if k not in ("profile", "no_dashboard", "header", "traffic_class", "explain")
     }
     flags["headers"] = header or None
     flags["classes"] = traffic_class or None
     from bench_cli.run_command import execute
 
-    raise typer.Exit(execute(profile, flags, dashboard=not no_dashboard, console=console))
+    code = execute(profile, flags, dashboard=not no_dashboard, console=console, explain=explain)
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -549,6 +560,19 @@ def sweep(
     base_url: Annotated[str | None, Opt(help="sweep the load against an external server")] = None,
     model: Annotated[str | None, Opt(help="served model name or bundled model")] = None,
     api_key: Annotated[str | None, Opt(help="bearer token for the server")] = None,
+    num_requests: Annotated[
+        int | None, Opt(help="requests a point (replaces the profile's; not with a sweep axis)")
+    ] = None,
+    duration: Annotated[
+        float | None, Opt(help="stop sending after S seconds a point (as --num-requests)")
+    ] = None,
+    rate: Annotated[
+        float | None,
+        Opt(
+            help="one request rate for every point (refused where rate is an axis: "
+            "--rates replaces the axis)"
+        ),
+    ] = None,
     repeat: Annotated[int, Opt(help="runs per point (fresh server each): mean, std, 95% CI")] = 1,
     resume: Annotated[str | None, Opt(help="a sweep folder: skip its finished points")] = None,
     name: Annotated[str | None, Opt(help="sweep name (in the folder name)")] = None,
@@ -576,6 +600,7 @@ def sweep(
     flags |= {"engine_kind": engine_kind, "sim_device": sim_device}
     flags |= {"sim_cost_model": sim_cost_model, "sim_profile": sim_profile}
     flags |= {"sim_acceptance": sim_acceptance, "sim_draft_share": sim_draft_share}
+    flags |= {"num_requests": num_requests, "duration": duration, "rate": rate}
     code = run_sweep(
         profile or "default", flags, repeat, resume, not no_dashboard, console, rates=rates
     )

@@ -90,6 +90,8 @@ class Dashboard:
         self.started = time.perf_counter()
         self.tok_s: list[float] = []  # output tok/s at each redraw, for its sparkline
         self._redraw_s: deque[float] = deque(maxlen=20)  # the last redraws' durations
+        self._nonzero: set[str] = set()  # signals seen away from zero (NaN: not seen)
+        self._seen_rows = 0  # telemetry rows already looked at for that
 
     def render(self) -> Group:
         r = self.runner
@@ -176,9 +178,15 @@ class Dashboard:
 
     def _telemetry(self) -> Table | None:
         """A sparkline per signal with its unit (CPU % is per core: 200 is two cores busy)."""
-        rows = self.telemetry.rows[-60:] if self.telemetry is not None else []
+        all_rows = self.telemetry.rows if self.telemetry is not None else []
+        for row in all_rows[self._seen_rows :]:
+            self._nonzero.update(k for k, v in row.items() if v == v and v != 0)
+        self._seen_rows = len(all_rows)
+        rows = all_rows[-60:]
         names = list(dict.fromkeys(k for row in rows for k in row if k != "t"))
-        names = [k for k in names if not k.endswith("_total_mb")]
+        # a signal zero for the whole run so far (speculation on a run without it) is a row
+        # of nothing: left out, so the panel fits a 100x30 pane
+        names = [k for k in names if not k.endswith("_total_mb") and k in self._nonzero]
         if not names and not self.tok_s:
             return None
         span = rows[-1]["t"] - rows[max(0, len(rows) - TREND)]["t"] if len(rows) > 1 else 0.0

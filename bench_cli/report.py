@@ -28,6 +28,9 @@ Figure = go.Figure
 # What one figure draws at most (a simulated hour has 360,000 requests and millions of token
 # gaps): CDF points, requests drawn as lines, steps drawn. Summaries use every value.
 CDF_POINTS, TIMELINE_REQUESTS, STEPS_DRAWN = 4000, 2000, 20000
+LATENCY_TITLES = {"TTFT": "TTFT", "ITL": "ITL", "TPOT": "TPOT", "E2E": "E2E latency"}
+# Plotly's own formats print 2.11k or 2110.4999; a reader expects 2,110.
+TICK_FORMAT, HOVER_FORMAT = ",~f", ",.6~g"
 
 
 def _cdf(fig: Figure, values: Sequence[float], name: str, row: int, col: int, **line: Any) -> None:
@@ -68,21 +71,26 @@ def latency_figure(records: list[RequestRecord], itl: np.ndarray | None = None) 
     """One CDF per latency; with traffic classes, one line per class in each (a legend).
     itl: the pooled ITLs of the finished requests (`finished`), where the caller has them."""
     ok = finished(records)
-    fig = make_subplots(rows=2, cols=2, subplot_titles=("TTFT", "ITL", "TPOT", "E2E latency"))
     classes = list(dict.fromkeys(r.cls for r in ok if r.cls is not None))
     groups = {c: [r for r in ok if r.cls == c] for c in classes} if classes else {"": ok}
+    by_group = {g: _latencies(m, itl if m is ok else None) for g, m in groups.items()}
+    # a panel only where some group has values (one-token outputs have no ITL or TPOT)
+    drawn = [n for n in LATENCY_TITLES if any(len(lat[n]) for lat in by_group.values())]
+    drawn = drawn or list(LATENCY_TITLES)  # nothing finished: the axes say so
+    rows = -(-len(drawn) // 2)
+    titles = [LATENCY_TITLES[n] for n in drawn]
+    fig = make_subplots(rows=rows, cols=2, subplot_titles=titles)
     colours = setting_colours(groups)
-    places = {"TTFT": (1, 1), "ITL": (1, 2), "TPOT": (2, 1), "E2E": (2, 2)}
-    for group, members in groups.items():
-        latencies = _latencies(members, itl if members is ok else None)
-        for j, (name, values) in enumerate(latencies.items()):
+    places = {name: (1 + i // 2, 1 + i % 2) for i, name in enumerate(drawn)}
+    for group, latencies in by_group.items():
+        for j, (name, values) in enumerate((n, latencies[n]) for n in drawn):
             row, col = places[name]
             line = {"line": {"color": colours[group]}, "legendgroup": group}
             _cdf(fig, values, group or name, row, col, showlegend=bool(classes) and j == 0, **line)
             fig.update_xaxes(title_text=f"{name} (ms)", row=row, col=col)
     fig.update_yaxes(title_text="fraction of requests (ITL: of gaps)", range=[0, 1])
     title = "Latency distributions (CDF)" + (", by traffic class" if classes else "")
-    fig.update_layout(title=title, showlegend=bool(classes), height=650)
+    fig.update_layout(title=title, showlegend=bool(classes), height=325 * rows)
     return fig
 
 
@@ -149,7 +157,11 @@ def throughput_figure(
         for col in timeline.columns:
             if col != "t_s" and not col.endswith("_total_mb") and timeline[col].notna().any():
                 axes.setdefault(signal(col).axis, []).append(col)
-    titles = ["output tokens/s", "requests in flight", *axes]
+    # nothing finished: no token or in-flight panel to draw, only the telemetry
+    titles = ["output tokens/s", "requests in flight"] if ok else []
+    titles += list(axes)
+    if not titles:  # no panel: run_report leaves a figure without data out
+        return go.Figure(layout={"title": "Throughput and telemetry over time"})
     fig = make_subplots(
         rows=len(titles), cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.04
     )
@@ -171,9 +183,9 @@ def throughput_figure(
         # started by t, less ended by t (a request is in flight over [send, end))
         in_flight = np.searchsorted(sends, grid, "right") - np.searchsorted(ends, grid, "right")
         fig.add_trace(go.Scatter(x=grid, y=in_flight, name="in flight", mode="lines"), row=2, col=1)
-    fig.update_yaxes(title_text="tok/s", row=1, col=1)
-    fig.update_yaxes(title_text="requests", row=2, col=1)
-    for row, (axis, cols) in enumerate(axes.items(), start=3):
+        fig.update_yaxes(title_text="tok/s", row=1, col=1)
+        fig.update_yaxes(title_text="requests", row=2, col=1)
+    for row, (axis, cols) in enumerate(axes.items(), start=3 if ok else 1):
         assert timeline is not None
         for col in cols:
             sig = signal(col)
@@ -465,13 +477,23 @@ def _latency_against(
 
 
 def _number(v: float) -> str:
-    """Whole numbers as such (a chunk size of 1024, not 1.02e+03), others to 3 figures."""
-    return f"{v:.0f}" if float(v).is_integer() and abs(v) < 1e9 else f"{v:.3g}"
+    """Thousands whole with commas (2,110 tok/s, not 2.11e+03), whole numbers as such,
+    others to 3 figures; never "-0"."""
+    if 1000 <= abs(v) < 1e15:
+        return f"{v:,.0f}"
+    return f"{v:z.0f}" if float(v).is_integer() else f"{v:z.3g}"  # z: no "-0"
+
+
+def has_data(fig: Figure) -> bool:
+    """Some trace has a point: a figure without one is an empty frame, left out."""
+    return any(len(t.x if t.x is not None else ()) for t in fig.data)
 
 
 def _page(title: str, intro: str, figs: list[Figure], table_html: str, embed: bool) -> str:
     parts = []
     for i, fig in enumerate(figs):
+        fig.update_xaxes(tickformat=TICK_FORMAT, hoverformat=HOVER_FORMAT)
+        fig.update_yaxes(tickformat=TICK_FORMAT, hoverformat=HOVER_FORMAT)
         js: Any = (True if embed else "cdn") if i == 0 else False
         parts.append(fig.to_html(full_html=False, include_plotlyjs=js))
     return (
@@ -488,7 +510,8 @@ def _ms(seconds: float | None) -> str:
     if seconds is None or pd.isna(seconds):
         return "-"
     ms = seconds * 1e3
-    return f"{ms:.2f}" if ms < 10 else f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}"
+    # z, as bench_cli/tables.py: a float's dust below zero (a schedule lag) is 0.00, not -0.00
+    return f"{ms:z.2f}" if ms < 10 else f"{ms:z.1f}" if ms < 1000 else f"{ms:,.0f}"
 
 
 def _latency_table(summary: dict[str, Any]) -> str:
@@ -570,6 +593,7 @@ def run_report(run: Path, embed: bool = True, records: list[RequestRecord] | Non
     throughput = throughput_figure(records, timeline, chunks)
     del chunks  # 8 bytes a token: not held while the latency CDFs sort their copies
     figs = [latency_figure(records, itl), timeline_figure(records), throughput]
+    figs = [f for f in figs if has_data(f)]
     steps_file = run / "steps.jsonl"
     peak = summary.get("config", {}).get("device_peak")
     utilization = ""

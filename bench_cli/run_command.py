@@ -25,12 +25,16 @@ from loadgen.redact import printable, redact_url
 BUNDLED_MODEL = "smollm2-135m"
 
 
-def execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
+def execute(
+    profile: str, flags: dict[str, Any], dashboard: bool, console: Console, explain: bool = False
+) -> int:
     with raising_on_signals():
-        return _execute(profile, flags, dashboard, console)
+        return _execute(profile, flags, dashboard, console, explain)
 
 
-def _execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Console) -> int:
+def _execute(
+    profile: str, flags: dict[str, Any], dashboard: bool, console: Console, explain: bool
+) -> int:
     from engine.model.sources import ModelLoadError
 
     out_dir: Path | None = None
@@ -72,7 +76,14 @@ def _execute(profile: str, flags: dict[str, Any], dashboard: bool, console: Cons
     if cfg.naive_batch is not None:
         target = f"{cfg.model}, transformers generate, static batches of {cfg.naive_batch}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
-    console.print(f"results: {escape(str(out_dir))}/", highlight=False)
+    if explain:
+        from bench_cli.explain import explain as explain_lines
+
+        for line in explain_lines(summary, _load_text(cfg)):
+            console.print(escape(line), highlight=False)
+    report = out_dir / "report.html"
+    opened = f" · open {report} in a browser" if report.is_file() else ""
+    console.print(f"results: {escape(str(out_dir))}/{escape(opened)}", highlight=False)
     return exit_code(summary)  # print_result said why, when it is not 0
 
 

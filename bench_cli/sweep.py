@@ -36,7 +36,14 @@ from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import ServerStartError
 from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config, run_one
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
-from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
+from bench_cli.sweep_rates import (
+    RateSpec,
+    anchor_points,
+    anchors_record,
+    apply,
+    auto_axes,
+    check_load_flags,
+)
 from bench_cli.sweep_table import invalid, print_comparison
 from bench_cli.vllm_json import check_vllm_json_path
 from loadgen.redact import redact_settings
@@ -223,6 +230,7 @@ def _run_sweep(
         base, axes = load_sweep(profile, required=spec is None)
         if spec is not None:
             axes = apply(spec, axes)
+        check_load_flags(flags, axes, spec)
         name = flags.get("name") or base.get("name", "sweep")
         sweep_dir = Path(resume) if resume else run_dir(flags.get("out"), name)
         plan = masked({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
@@ -234,10 +242,10 @@ def _run_sweep(
             anchors = _stored_anchors(sweep_dir) if resume else None
             if anchors is not None:  # the rates it started with, not measured again
                 plan |= {"axes": auto_axes(axes, anchors["between"]), "anchors": anchors}
-            elif base.get("num_requests") is None:
+            elif not _counted(base, flags):
                 raise ValueError(
                     "--rates auto: its throughput point sends every request at once, so the "
-                    "profile must set num_requests"
+                    "profile (or --num-requests) must set num_requests, without --duration"
                 )
         _check_resume(sweep_dir, plan, resume is not None)
         planned = auto_axes(axes, [1.0] * (auto - 2)) if auto and not anchors else plan["axes"]
@@ -325,6 +333,13 @@ def _find_anchors(
             highlight=False,
         )
     return found
+
+
+def _counted(base: dict[str, Any], flags: dict[str, Any]) -> bool:
+    """Each point sends a set number of requests (--duration drops the profile's count)."""
+    if flags.get("num_requests") is not None:
+        return True
+    return base.get("num_requests") is not None and flags.get("duration") is None
 
 
 def _stored_anchors(sweep_dir: Path) -> dict[str, Any] | None:

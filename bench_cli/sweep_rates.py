@@ -105,3 +105,16 @@ def anchors_record(
         "between": between(*achieved, spec.auto),
         "spacing": "linspace(synchronous, throughput, N-1)[1:], as guidellm's sweep",
     }
+
+
+def check_load_flags(
+    flags: dict[str, Any], axes: dict[str, list[Any]], spec: RateSpec | None
+) -> None:
+    """`--num-requests`, `--duration` and `--rate` replace the profile's load at every point;
+    one that names an axis would be overridden by it at each point, so it is refused."""
+    swept = set(axes) | ({"rate"} if spec is not None and spec.auto else set())
+    for key in ("num_requests", "duration", "rate"):
+        if flags.get(key) is not None and key in swept:
+            flag = "--" + key.replace("_", "-")
+            hint = " (--rates replaces the rate axis)" if key == "rate" else ""
+            raise ValueError(f"{flag}: the sweep has a {key} axis already{hint}")

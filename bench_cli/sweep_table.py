@@ -45,30 +45,67 @@ def print_comparison(
         title = ", ".join(f"{a}={v}" for a, v in zip(load_axes, load, strict=True)) or "all"
         sims = [bool(m.get("simulated")) for m in members]
         mark = " (SIMULATED)" if all(sims) else " (partly SIMULATED)" if any(sims) else ""
-        table = Table(title=f"load: {title}{mark}", title_justify="left")
-        table.add_column(" ".join(settings) or "point", no_wrap=True)
         cols = [c for c in COLUMNS if any(m.get(c[1]) is not None for m in members)]
-        for name, *_ in cols:
-            table.add_column(name, justify="right")
         best = {key: _best(members, key, up) for _, key, up, _, _ in cols}
+        labels, cells = [], []
         for m in members:
-            cells = []
-            for _, key, _, scale, fmt in cols:
-                value = m.get(key)
-                text = "-" if value is None else fmt.format(value * scale)
-                ci = m.get(f"{key}.ci95")
-                if ci is not None and value is not None:
-                    text += f" ±{fmt.format(ci * scale).rstrip('%')}"
-                cells.append(
-                    f"[bold green]{text}[/]" if len(members) > 1 and m is best[key] else text
-                )
-            label = " ".join(str(m[a]) for a in settings) or str(m["point"])
-            table.add_row(label + (" [bold red]INVALID[/]" if invalid(m) else ""), *cells)
-        console.print(table)
+            labels.append(" ".join(str(m[a]) for a in settings) or str(m["point"]))
+            cells.append([_cell(m, key, scale, fmt) for _, key, _, scale, fmt in cols])
+        header = " ".join(settings) or "point"
+        # widths that hold each column's cells whole (and its header's longest word): set,
+        # so rich does not squeeze a cell to "12…"
+        marks = [len(" INVALID") if invalid(m) else 0 for m in members]
+        label_w = max([len(header), *(len(t) + k for t, k in zip(labels, marks, strict=True))])
+        widths = [
+            max([*(len(w) for w in name.split()), *(len(row[i]) for row in cells)])
+            for i, (name, *_) in enumerate(cols)
+        ]
+        room = console.width - 4 - label_w
+        full = [max(w, len(c[0])) for w, c in zip(widths, cols, strict=True)]
+        if len(_fit(full, room)) == 1:  # headers on one line where everything fits so
+            widths = full
+        for part, group in enumerate(_fit(widths, room)):
+            more = " (continued)" if part else ""
+            table = Table(title=f"load: {title}{mark}{more}", title_justify="left")
+            table.add_column(header, no_wrap=True)
+            for i in group:
+                table.add_column(cols[i][0], justify="right", width=widths[i])
+            for m, label, row in zip(members, labels, cells, strict=True):
+                styled = [
+                    f"[bold green]{row[i]}[/]"
+                    if len(members) > 1 and m is best[cols[i][1]]
+                    else row[i]
+                    for i in group
+                ]
+                table.add_row(label + (" [bold red]INVALID[/]" if invalid(m) else ""), *styled)
+            console.print(table)
     if bad := [m for m in rows if invalid(m)]:
         console.print(f"[bold red]{INVALID_TEXT.format(len(bad), len(rows))}[/]")
     if load_axes and settings:
         _print_knees(console, rows, settings, load_axes[0])
+
+
+def _cell(m: dict[str, Any], key: str, scale: float, fmt: str) -> str:
+    value = m.get(key)
+    text = "-" if value is None else fmt.format(value * scale)
+    ci = m.get(f"{key}.ci95")
+    if ci is not None and value is not None:
+        text += f" ±{fmt.format(ci * scale).rstrip('%')}"
+    return text
+
+
+def _fit(widths: list[int], room: int) -> list[list[int]]:
+    """Columns in groups whose cells fit `room` characters whole (each group: a table of
+    its own beside the labels): a number cut to "12…" would be a wrong number."""
+    groups: list[list[int]] = [[]]
+    used = 0
+    for i, w in enumerate(widths):
+        if groups[-1] and used + w + 3 > room:  # 3: padding and the border
+            groups.append([])
+            used = 0
+        groups[-1].append(i)
+        used += w + 3
+    return groups
 
 
 def invalid(row: dict[str, Any]) -> bool:

@@ -25,10 +25,12 @@ from engine.model.cost import StepShape, chunk_totals, step_cost_of_totals
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
 from engine.model_store import kv_scales as load_kv_scales
+from engine.ops import cpu_kernels
 from engine.ops.cpu_linear import PackedLinear
 from engine.ops.fp8 import FP8, Fp8Linear
 from engine.spec_decode import make_proposer
 from engine.spec_decode.speculator import Speculator, speculation_stats
+from engine.startup import Phases
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,12 @@ class LLMEngine:
         if tp_size > 1:
             check_tensor_parallel(config, self.device)
         model_key = ModelKey.of(config, self.device)
-        loaded = load_shared(model_key)
+        self.startup = Phases()
+        if self.device.type == "cpu":  # before loading: packing the weights uses them
+            with self.startup.phase("building kernels"):  # C++, once a machine (then cached)
+                cpu_kernels.available()
+        with self.startup.phase("loading"):
+            loaded = load_shared(model_key)
         cache = config.cache
         if cache.kv_cache_dtype == "auto":
             cache.kv_cache_dtype = config.dtype  # recorded as resolved
@@ -116,7 +123,8 @@ class LLMEngine:
             self.workers = TPWorkers(config, kv_scales, tp_size, self.device)
             weakref.finalize(self, self.workers.stop)
         tp = self.workers.group if self.workers else None
-        self.runner = make_runner(config, loaded, kv_scales, tp)
+        with self.startup.phase("compiling"):  # the runner's warm-ups compile its kernels
+            self.runner = make_runner(config, loaded, kv_scales, tp)
         if self.workers is not None:
             self.workers.wait_ready()
         if config.cuda_graphs:

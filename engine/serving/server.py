@@ -20,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.model.tokenizer import LONG_TEXT_CHARS, Tokenizer
+from engine.serving.access_log import QUIET_PATHS, quiet_access_logger
 from engine.serving.async_engine import AsyncLLMEngine
 from engine.serving.guard import (
     GUARD_KEY,
@@ -397,7 +398,9 @@ def build_app(
     return app
 
 
-def run(app: web.Application, host: str, port: int) -> None:
+def run(
+    app: web.Application, host: str, port: int, quiet_paths: tuple[str, ...] = QUIET_PATHS
+) -> None:
     """Serve until SIGINT/SIGTERM. handler_cancellation: a client that leaves a non-streamed
     request aborts it too. lingering_time 0: a body the server refused or could not decode
     is not read on after the answer (a slow client would hold its socket 10 s more, and a
@@ -413,4 +416,5 @@ def run(app: web.Application, host: str, port: int) -> None:
         handler_cancellation=True,
         lingering_time=0,
         backlog=2048,  # uvicorn's (and so vLLM's) default
+        access_log_class=quiet_access_logger(quiet_paths),  # no /metrics, /health polls
     )
