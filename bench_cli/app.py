@@ -546,7 +546,28 @@ def sweep(
             "request at once) and N-2 rates spaced linearly between their achieved req/s"
         ),
     ] = None,
-    base_url: Annotated[str | None, Opt(help="sweep the load against an external server")] = None,
+    base_url: Annotated[
+        str | None,
+        Opt(help="sweep the load against an external server (with --serve-cmd: where it listens)"),
+    ] = None,
+    serve_cmd: Annotated[
+        str | None,
+        Opt(
+            help="start this server for every run, e.g. 'vllm serve M --max-num-seqs "
+            "{max_num_seqs}': {KEY} filled from the sweep's grid, {port} with a free port; "
+            "its output in the point's server.log; stopped (its process group) after the run"
+        ),
+    ] = None,
+    ready_url: Annotated[
+        str | None,
+        Opt(help="with --serve-cmd: ready when this answers 200 (default /health, /v1/models)"),
+    ] = None,
+    ready_timeout: Annotated[
+        float, Opt(help="with --serve-cmd: seconds to wait for the server to be ready")
+    ] = 600.0,
+    after_point_cmd: Annotated[
+        str | None, Opt(help="with --serve-cmd: a shell command run after each point's runs")
+    ] = None,
     model: Annotated[str | None, Opt(help="served model name or bundled model")] = None,
     api_key: Annotated[str | None, Opt(help="bearer token for the server")] = None,
     repeat: Annotated[int, Opt(help="runs per point (fresh server each): mean, std, 95% CI")] = 1,
@@ -572,12 +593,20 @@ def sweep(
     if profile is None and rates is None:
         console.print("[bold red]error:[/] give --profile (a sweep profile) and/or --rates")
         raise typer.Exit(2)
+    serve = None
+    if serve_cmd is not None:
+        from bench_cli.serve_cmd import ServeCommand
+
+        serve = ServeCommand(serve_cmd, base_url, ready_url, ready_timeout, after_point_cmd)
+    elif ready_url is not None or after_point_cmd is not None:
+        console.print("[bold red]error:[/] --ready-url and --after-point-cmd go with --serve-cmd")
+        raise typer.Exit(2)
     flags = {"base_url": base_url, "model": model, "api_key": api_key, "name": name, "out": out}
     flags |= {"engine_kind": engine_kind, "sim_device": sim_device}
     flags |= {"sim_cost_model": sim_cost_model, "sim_profile": sim_profile}
     flags |= {"sim_acceptance": sim_acceptance, "sim_draft_share": sim_draft_share}
     code = run_sweep(
-        profile or "default", flags, repeat, resume, not no_dashboard, console, rates=rates
+        profile or "default", flags, repeat, resume, not no_dashboard, console, rates, serve
     )
     raise typer.Exit(code)
 

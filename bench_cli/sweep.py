@@ -20,8 +20,10 @@ found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep_rates)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shlex
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,12 +35,14 @@ from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
 from bench_cli.interrupts import Interrupted, raising_on_signals
-from bench_cli.local_server import ServerStartError
+from bench_cli.local_server import ServerProcess, ServerStartError
 from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config, run_one
+from bench_cli.serve_cmd import ServeCommand
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
 from bench_cli.sweep_table import invalid, print_comparison
 from bench_cli.vllm_json import check_vllm_json_path
+from loadgen.config import RunConfig
 from loadgen.redact import redact_settings
 
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
@@ -56,6 +60,8 @@ SCALARS = (
 )
 CLASS_DISTRIBUTIONS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 CLASS_SCALARS = ("request_throughput", "output_throughput", "goodput", "completed", "failed")
+# The keys a grid may set for the load rather than the server (--serve-cmd): rate, ...
+RUN_KEYS = {f.name for f in dataclasses.fields(RunConfig)} - {"engine", "classes"}
 # Student's t at 97.5 % for 1..30 degrees of freedom: 95 % two-sided confidence intervals.
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 T975 += (2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064)
@@ -141,6 +147,7 @@ class Sweep:
     repeat: int
     dashboard: bool
     console: Console
+    serve: ServeCommand | None = None  # --serve-cmd: a server of ours started per run
 
     def run(self, point: SweepPoint, k: int, total: int) -> dict[str, Any] | int:
         """Run k of a point (or the one an earlier attempt finished): its summary, or the exit
@@ -158,17 +165,32 @@ class Sweep:
         else:
             console.rule(title)
             shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
-            cfg = resolve_config(self.base, _point_flags(self.flags, point, out))
-            if cfg.save_vllm_json:  # one file a point, in its folder: never one over another
-                cfg = replace(cfg, save_vllm_json=str(out / Path(cfg.save_vllm_json).name))
+            server: ServerProcess | None = None
             try:
+                flags = _point_flags(self.flags, point, out)
+                if self.serve is not None:  # the server first: its base URL is the run's
+                    out_dir = run_dir(str(out), self.name)
+                    server, flags = self._start_server(point, out_dir)
+                cfg = resolve_config(self.base, flags)
+                if cfg.save_vllm_json:  # one file a point, in its folder: never one over another
+                    cfg = replace(cfg, save_vllm_json=str(out / Path(cfg.save_vllm_json).name))
                 if cfg.save_vllm_json:
                     check_vllm_json_path(cfg.save_vllm_json, str(out), overwrite=True)
-                out_dir = run_dir(str(out), self.name)
+                if server is None:
+                    out_dir = run_dir(str(out), self.name)
                 summary = run_one(cfg, out_dir, self.dashboard, console, report=False)
             except (ServerStartError, ValueError, ModelLoadError) as e:
                 console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
                 return 2
+            finally:
+                if server is not None:  # every way out: an interrupt, an error, the end
+                    server.stop()
+            if self.serve is not None:
+                try:
+                    self.serve.after_point(out_dir / "after_point.log")
+                except (ValueError, OSError) as e:
+                    console.print(f"[bold red]error at {title}:[/] {escape(str(e))}")
+                    return 2
             if probe_failed(summary):  # the server refuses: every point would fail alike
                 message = escape(summary["stopped_early"])
                 console.print(f"[bold red]error at {title}:[/] {message}", highlight=False)
@@ -185,6 +207,20 @@ class Sweep:
             )
         return summary
 
+    def _start_server(
+        self, point: SweepPoint, out_dir: Path
+    ) -> tuple[ServerProcess, dict[str, Any]]:
+        """Start the point's --serve-cmd server (its output in server.log, what it ran in
+        server.json); the run's flags, pointed at it."""
+        assert self.serve is not None
+        server, base_url = self.serve.server(point.settings, out_dir / "server.log")
+        write_json(out_dir / "server.json", {"cmd": server.cmd, "settings": point.settings})
+        with self.console.status(escape(f"starting `{shlex.join(server.cmd)}` ...")):
+            server.start(self.serve.ready_timeout)
+        run_point = replace(point, settings=self.serve.run_settings(point.settings))
+        flags = _point_flags(self.flags, run_point, out_dir) | {"base_url": base_url}
+        return server, flags
+
 
 def run_sweep(
     profile: str | dict[str, Any],
@@ -194,10 +230,11 @@ def run_sweep(
     dashboard: bool,
     console: Console,
     rates: str | None = None,
+    serve: ServeCommand | None = None,
 ) -> int:
     with raising_on_signals():
         try:
-            return _run_sweep(profile, flags, repeat, resume, dashboard, console, rates)
+            return _run_sweep(profile, flags, repeat, resume, dashboard, console, rates, serve)
         except Interrupted as e:  # outside a point's load (which handles signals itself)
             console.print(
                 f"[yellow]interrupted[/] by {e.name}: finished points are kept (--resume)"
@@ -213,6 +250,7 @@ def _run_sweep(
     dashboard: bool,
     console: Console,
     rates: str | None = None,
+    serve: ServeCommand | None = None,
 ) -> int:
     import pandas as pd
 
@@ -226,6 +264,8 @@ def _run_sweep(
         name = flags.get("name") or base.get("name", "sweep")
         sweep_dir = Path(resume) if resume else run_dir(flags.get("out"), name)
         plan = masked({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
+        if serve is not None:
+            plan["serve"] = serve.record()
         auto = spec.auto if spec is not None else None
         anchors = None
         if spec is not None:
@@ -241,8 +281,10 @@ def _run_sweep(
                 )
         _check_resume(sweep_dir, plan, resume is not None)
         planned = auto_axes(axes, [1.0] * (auto - 2)) if auto and not anchors else plan["axes"]
+        if serve is not None:  # before anything starts: every key reaches the server or load
+            serve.check(grid(planned), RUN_KEYS)
         for point in grid(planned):  # every point's config must resolve before the first runs
-            resolve_config(base, _point_flags(flags, point, sweep_dir))
+            resolve_config(base, _check_flags(flags, point, sweep_dir, serve))
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
@@ -252,7 +294,7 @@ def _run_sweep(
         escape(f"sweep {name}: {total} points x {repeat} runs -> {sweep_dir}/"),
         highlight=False,
     )
-    sweep = Sweep(base, flags, sweep_dir, name, repeat, dashboard, console)
+    sweep = Sweep(base, flags, sweep_dir, name, repeat, dashboard, console, serve)
     if spec is not None and spec.auto and anchors is None:
         found = _find_anchors(sweep, spec, axes, total)
         if isinstance(found, int):
@@ -338,6 +380,16 @@ def _stored_anchors(sweep_dir: Path) -> dict[str, Any] | None:
 def _point_flags(flags: dict[str, Any], point: SweepPoint, out: Path) -> dict[str, Any]:
     given = {k: v for k, v in flags.items() if v is not None and k not in ("name", "out")}
     return given | point.settings | {"out": str(out), "name": point.dirname}
+
+
+def _check_flags(
+    flags: dict[str, Any], point: SweepPoint, out: Path, serve: ServeCommand | None
+) -> dict[str, Any]:
+    """A point's flags as its run will get them (a --serve-cmd server's URL: a stand-in)."""
+    if serve is None:
+        return _point_flags(flags, point, out)
+    run_point = replace(point, settings=serve.run_settings(point.settings))
+    return _point_flags(flags, run_point, out) | {"base_url": "http://127.0.0.1:1/v1"}
 
 
 def _finished(out: Path) -> dict[str, Any] | None:
