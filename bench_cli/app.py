@@ -830,6 +830,10 @@ def report(
     cdn: Annotated[
         bool, Opt(help="load plotly.js from its CDN (small file, needs internet)")
     ] = False,
+    pareto: Annotated[
+        bool,
+        Opt(help="a sweep: pareto.html, tok/s per user against tok/s, the frontier's points"),
+    ] = False,
 ) -> None:
     """Rebuild report.html (plotly) from a run's or a sweep's files on disk."""
     from pathlib import Path
@@ -837,7 +841,14 @@ def report(
     from bench_cli.report import build_report
 
     try:
-        path = build_report(Path(folder), embed=not cdn)
+        if pareto:
+            from bench_cli.pareto import pareto_report
+
+            if not (Path(folder) / "sweep.csv").is_file():
+                raise ValueError(f"{folder}: --pareto takes a sweep folder (sweep.csv)")
+            path = pareto_report(Path(folder), embed=not cdn)
+        else:
+            path = build_report(Path(folder), embed=not cdn)
     except (ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from bench_cli.pareto import pareto_figure
 from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
 from bench_cli.sweep_table import INVALID_TEXT, invalid
@@ -296,15 +297,18 @@ def setting_colours(labels: Iterable[object]) -> dict[str, str]:
     return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
+def setting_labels(table: pd.DataFrame, axes: list[str], load: str | None) -> pd.Series:
+    """Each point's setting: its axes' values less the load's."""
+    settings = [a for a in axes if a != load]
+    if not settings:
+        return table["point"].astype(str)
+    return table[settings].astype(str).agg(" ".join, axis=1)
+
+
 def sweep_figures(
     table: pd.DataFrame, axes: list[str], load: str | None, setting_keys: Sequence[str] = ()
 ) -> list[Figure]:
-    settings = [a for a in axes if a != load]
-    label = (
-        table[settings].astype(str).agg(" ".join, axis=1)
-        if settings
-        else table["point"].astype(str)
-    )
+    label = setting_labels(table, axes, load)
     table = table.copy().assign(setting=label)  # read_csv of a wide table is fragmented
     colours = setting_colours(table["setting"])
     figs = []
@@ -329,6 +333,7 @@ def sweep_figures(
         height=450,
     )
     figs.append(fig)
+    figs.append(pareto_figure(table, colours, load))
     if load:
         figs.append(_against_load(table, load, colours))
     figs.append(_side_by_side(table, load, colours))
