@@ -21,6 +21,7 @@ from bench_cli.pareto import pareto_figure
 from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
 from bench_cli.sweep_table import INVALID_TEXT, invalid
+from bench_cli.sweep_verdict import slo_of, verdict_html
 from bench_cli.tables import sim_title
 from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.records import RequestRecord, TokenTimes, read_records
@@ -330,6 +331,8 @@ def sweep_figures(
         title="Throughput vs latency (each point a load; x: INVALID, schedule not kept)",
         xaxis_title="output tokens/s",
         yaxis_title="TPOT p99 (ms)",
+        xaxis_rangemode="tozero",  # from 0: no zoom that makes noise look like a difference
+        yaxis_rangemode="tozero",
         height=450,
     )
     figs.append(fig)
@@ -370,6 +373,7 @@ def _against_load(table: pd.DataFrame, load: str, colours: dict[str, str]) -> Fi
                     col=col,
                 )
     fig.update_xaxes(title_text=load)
+    fig.update_yaxes(rangemode="tozero")  # from 0: a small difference looks small
     fig.update_layout(title=f"Against {load}", height=450)
     return fig
 
@@ -380,6 +384,20 @@ SIDE_BY_SIDE = (
     ("tpot_s.p99", "TPOT p99 (ms)", 1e3),
     ("telemetry.mean_engine_running", "mean sequences running", 1.0),
 )
+
+
+_ONE_RUN = "one run each: no noise estimate, --repeat 3 gives one"
+
+
+def _repeated(table: pd.DataFrame) -> bool:
+    return any(c.endswith(".ci95") for c in table.columns)
+
+
+def _spread(g: pd.DataFrame, key: str, scale: float) -> dict[str, Any] | None:
+    """Error bars of a repeated sweep's 95 % confidence half-width."""
+    if f"{key}.ci95" not in g:
+        return None
+    return {"type": "data", "array": list(g[f"{key}.ci95"] * scale), "visible": True}
 
 
 def _side_by_side(table: pd.DataFrame, load: str | None, colours: dict[str, str]) -> Figure:
@@ -398,11 +416,14 @@ def _side_by_side(table: pd.DataFrame, load: str | None, colours: dict[str, str]
                     legendgroup=str(name),
                     showlegend=col == 1,
                     marker={"color": colours[str(name)]},
+                    error_y=_spread(g, key, scale),
                 ),
                 row=1,
                 col=col,
             )
-    fig.update_layout(title="Settings side by side", barmode="group", height=400)
+    # bars from 0, never zoomed in: a noise-sized difference must look noise-sized
+    spread = "whiskers: 95 % CI of the repeats" if _repeated(table) else _ONE_RUN
+    fig.update_layout(title=f"Settings side by side ({spread})", barmode="group", height=400)
     return fig
 
 
@@ -663,7 +684,7 @@ def _validity(row: pd.Series) -> str:
     return "INVALID"
 
 
-def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
+def sweep_table_html(table: pd.DataFrame, axes: list[str], slo: str | None = None) -> str:
     """One row per point: its settings, throughput, then TTFT/ITL/TPOT/E2E mean, p50 and p99,
     all in ms like the plots beside it (a header row per distribution keeps it narrow)."""
     cols: dict[tuple[str, str], list[str]] = {}
@@ -674,6 +695,8 @@ def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
         if key == "simulated" and key in table and not table[key].fillna(0).any():
             continue  # a real sweep: no column saying so
         if key in table and table[key].notna().any():
+            if key == "slo_attainment":  # never an "in SLO" without the SLO it means
+                label = f"in SLO ({slo})" if slo else label
             cols[("", label)] = [_cell(r, key, fmt.format) for _, r in table.iterrows()]
     if any(invalid(r) for _, r in table.iterrows()):
         cols[("", "valid")] = [_validity(r) for _, r in table.iterrows()]
@@ -702,7 +725,7 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
         title += " (partly SIMULATED)"
         intro = SIMULATED_BANNER.replace("no model ran", "points with simulated = 1: no model ran")
         intro += html.escape(f"{len(table)} points over {', '.join(axes)}")
-    table_html = sweep_table_html(table, axes)
+    table_html = sweep_table_html(table, axes, slo_of(plan))
     bad = sum(invalid(r) for r in table.to_dict("records"))
     if bad:
         text = html.escape(INVALID_TEXT.format(bad, len(table))).replace(
@@ -711,6 +734,8 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
         intro = (
             f"<p style='background:#f8d7da;border:1px solid #c00;padding:8px'>{text}</p>" + intro
         )
+    rows = table.to_dict("records")
+    intro = verdict_html(rows, axes, load, plan) + intro  # the answer first
     out.write_text(_page(title, intro, figs, table_html, embed))
     return out
 

@@ -317,11 +317,28 @@ def _run_sweep(
         rows.append(aggregate(point, summaries))
         _write_csv(sweep_dir, rows, pd)
     print_comparison(console, rows, list(axes), [a for a in axes if a in LOAD_AXES])
+    _print_verdict(console, rows, list(axes), plan)
     from bench_cli.report import sweep_report
 
     sweep_report(sweep_dir)
     console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
     return INVALID_EXIT if any(invalid(r) for r in rows) else 0
+
+
+def _print_verdict(
+    console: Console, rows: list[dict[str, Any]], axes: list[str], plan: dict[str, Any]
+) -> None:
+    """The report's verdict in the terminal, under the tables: the SLO "in SLO" means and
+    the best setting at each load (bench_cli.sweep_verdict)."""
+    from bench_cli.sweep_verdict import slo_of, verdict_lines, workload_text
+
+    slo = slo_of(plan)
+    load = next((a for a in axes if a in LOAD_AXES), None)
+    console.print(escape(f"workload: {workload_text(plan)}"), highlight=False)
+    if slo:
+        console.print(escape(f'"in SLO": share of requests sent that met every bound of {slo}'))
+    for line in verdict_lines(rows, axes, load, slo):
+        console.print(escape(f"verdict {line.text}"), highlight=False)
 
 
 def _find_anchors(

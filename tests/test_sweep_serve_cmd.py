@@ -30,7 +30,7 @@ num_requests = 4
 warmup = 0
 input_len = "16"
 output_len = "4"
-rate = 20
+concurrency = 2  # a closed loop: no schedule to fall behind on a loaded machine
 
 [sweep]
 max_num_seqs = [1, 2]
