@@ -550,6 +550,13 @@ def sweep(
         str | None,
         Opt(help="sweep the load against an external server (with --serve-cmd: where it listens)"),
     ] = None,
+    slo_search: Annotated[
+        str | None,
+        Opt(
+            help="LO:HI[:STEPS]: per setting, the highest rate with 90% of requests in the "
+            "profile's SLO, by bisection between LO and HI req/s (STEPS midpoints, default 5)"
+        ),
+    ] = None,
     serve_cmd: Annotated[
         str | None,
         Opt(
@@ -590,7 +597,7 @@ def sweep(
     if repeat < 1:
         console.print("[bold red]error:[/] --repeat must be >= 1")
         raise typer.Exit(2)
-    if profile is None and rates is None:
+    if profile is None and rates is None and slo_search is None:
         console.print("[bold red]error:[/] give --profile (a sweep profile) and/or --rates")
         raise typer.Exit(2)
     serve = None
@@ -606,7 +613,15 @@ def sweep(
     flags |= {"sim_cost_model": sim_cost_model, "sim_profile": sim_profile}
     flags |= {"sim_acceptance": sim_acceptance, "sim_draft_share": sim_draft_share}
     code = run_sweep(
-        profile or "default", flags, repeat, resume, not no_dashboard, console, rates, serve
+        profile or "default",
+        flags,
+        repeat,
+        resume,
+        not no_dashboard,
+        console,
+        rates,
+        serve,
+        slo_search,
     )
     raise typer.Exit(code)
 
@@ -842,7 +857,7 @@ def report(
 
     try:
         if pareto:
-            from bench_cli.pareto import pareto_report
+            from bench_cli.report import pareto_report
 
             if not (Path(folder) / "sweep.csv").is_file():
                 raise ValueError(f"{folder}: --pareto takes a sweep folder (sweep.csv)")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import html
 import math
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -119,19 +118,3 @@ def frontier_html(rows: list[dict[str, Any]]) -> str:
         for r in rows
     )
     return f"<h3>On the Pareto frontier</h3><table><tr>{head}</tr>{body}</table>"
-
-
-def pareto_report(sweep: Path, embed: bool = True) -> Path:
-    """`bench report --pareto DIR`: the chart and the frontier's points, as pareto.html."""
-    from bench_cli.report import _page, setting_colours, setting_labels
-
-    table = pd.read_csv(sweep / "sweep.csv")
-    axes = list(pd.read_json(sweep / "sweep.json", typ="series")["axes"])
-    load = next((a for a in axes if a in ("rate", "concurrency")), None)
-    table = table.assign(setting=setting_labels(table, axes, load))
-    fig = pareto_figure(table, setting_colours(table["setting"]), load)
-    rows = frontier_rows(table, [a for a in axes if a in table])
-    out = sweep / "pareto.html"
-    intro = html.escape(f"{len(table)} points of sweep {sweep.name}")
-    out.write_text(_page(f"Pareto view: {sweep.name}", intro, [fig], frontier_html(rows), embed))
-    return out

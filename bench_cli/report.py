@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from bench_cli.pareto import pareto_figure
+from bench_cli.pareto import frontier_html, frontier_rows, pareto_figure
 from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
 from bench_cli.sweep_table import INVALID_TEXT, invalid
@@ -711,9 +711,10 @@ def sweep_table_html(table: pd.DataFrame, axes: list[str], slo: str | None = Non
 def sweep_report(sweep: Path, embed: bool = True) -> Path:
     table = pd.read_csv(sweep / "sweep.csv")
     plan = json.loads((sweep / "sweep.json").read_text())
-    axes = list(plan["axes"])
+    plan_axes = plan.get("report_axes") or plan["axes"]  # --slo-search: the rates it tested
+    axes = list(plan_axes)
     load = next((a for a in axes if a in ("rate", "concurrency")), None)
-    setting_keys = list(dict.fromkeys(k for p in grid(plan["axes"]) for k in p.settings))
+    setting_keys = list(dict.fromkeys(k for p in grid(plan_axes) for k in p.settings))
     figs = sweep_figures(table, axes, load, setting_keys)
     out = sweep / "report.html"
     intro = html.escape(f"{len(table)} points over {', '.join(axes)}; {plan['repeat']} run(s) each")
@@ -737,6 +738,21 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
     rows = table.to_dict("records")
     intro = verdict_html(rows, axes, load, plan) + intro  # the answer first
     out.write_text(_page(title, intro, figs, table_html, embed))
+    return out
+
+
+def pareto_report(sweep: Path, embed: bool = True) -> Path:
+    """`bench report --pareto DIR`: the Pareto chart and the frontier's points, pareto.html."""
+    table = pd.read_csv(sweep / "sweep.csv")
+    plan = json.loads((sweep / "sweep.json").read_text())
+    axes = list(plan.get("report_axes") or plan["axes"])
+    load = next((a for a in axes if a in ("rate", "concurrency")), None)
+    table = table.assign(setting=setting_labels(table, axes, load))
+    fig = pareto_figure(table, setting_colours(table["setting"]), load)
+    rows = frontier_rows(table, [a for a in axes if a in table])
+    out = sweep / "pareto.html"
+    intro = html.escape(f"{len(table)} points of sweep {sweep.name}")
+    out.write_text(_page(f"Pareto view: {sweep.name}", intro, [fig], frontier_html(rows), embed))
     return out
 
 

@@ -21,6 +21,7 @@ found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep_rates)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import shlex
@@ -41,6 +42,7 @@ from bench_cli.serve_cmd import ServeCommand
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import RateSpec, anchor_points, anchors_record, apply, auto_axes
 from bench_cli.sweep_table import invalid, print_comparison
+from bench_cli.sweep_verdict import print_verdict
 from bench_cli.vllm_json import check_vllm_json_path
 from loadgen.config import RunConfig
 from loadgen.redact import redact_settings
@@ -207,6 +209,19 @@ class Sweep:
             )
         return summary
 
+    def point_row(self, point: SweepPoint, total: int) -> dict[str, Any] | int:
+        """Every run of a point: its sweep.csv row, or the exit code that ends the sweep."""
+        summaries = []
+        for k in range(self.repeat):
+            summary = self.run(point, k, total)
+            if isinstance(summary, int):
+                return summary
+            if summary["interrupted"]:
+                self.console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
+                return exit_code(summary)
+            summaries.append(summary)
+        return aggregate(point, summaries)
+
     def _start_server(
         self, point: SweepPoint, out_dir: Path
     ) -> tuple[ServerProcess, dict[str, Any]]:
@@ -231,10 +246,13 @@ def run_sweep(
     console: Console,
     rates: str | None = None,
     serve: ServeCommand | None = None,
+    search: str | None = None,
 ) -> int:
     with raising_on_signals():
         try:
-            return _run_sweep(profile, flags, repeat, resume, dashboard, console, rates, serve)
+            return _run_sweep(
+                profile, flags, repeat, resume, dashboard, console, rates, serve, search
+            )
         except Interrupted as e:  # outside a point's load (which handles signals itself)
             console.print(
                 f"[yellow]interrupted[/] by {e.name}: finished points are kept (--resume)"
@@ -251,14 +269,19 @@ def _run_sweep(
     console: Console,
     rates: str | None = None,
     serve: ServeCommand | None = None,
+    search: str | None = None,
 ) -> int:
     import pandas as pd
 
+    from bench_cli.sweep_search import SearchSpec
     from engine.model.sources import ModelLoadError
 
     try:
         spec = RateSpec.parse(rates) if rates is not None else None
-        base, axes = load_sweep(profile, required=spec is None)
+        found_by = SearchSpec.parse(search) if search is not None else None
+        base, axes = load_sweep(profile, required=spec is None and found_by is None)
+        if found_by is not None and (spec is not None or set(axes) & set(LOAD_AXES)):
+            raise ValueError("--slo-search finds the rate itself: no --rates, no sweep.rate")
         if spec is not None:
             axes = apply(spec, axes)
         name = flags.get("name") or base.get("name", "sweep")
@@ -266,6 +289,8 @@ def _run_sweep(
         plan = masked({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
         if serve is not None:
             plan["serve"] = serve.record()
+        if found_by is not None:
+            plan["slo_search"] = search
         auto = spec.auto if spec is not None else None
         anchors = None
         if spec is not None:
@@ -281,6 +306,13 @@ def _run_sweep(
                 )
         _check_resume(sweep_dir, plan, resume is not None)
         planned = auto_axes(axes, [1.0] * (auto - 2)) if auto and not anchors else plan["axes"]
+        if found_by is not None:  # the rates come later: check the settings at LO
+            planned = planned | {"rate": [found_by.low]}
+            if (
+                resolve_config(base, _check_flags(flags, grid(planned)[0], sweep_dir, serve)).slo
+                is None
+            ):
+                raise ValueError('--slo-search needs an SLO: the profile\'s slo = "ttft=..."')
         if serve is not None:  # before anything starts: every key reaches the server or load
             serve.check(grid(planned), RUN_KEYS)
         for point in grid(planned):  # every point's config must resolve before the first runs
@@ -303,42 +335,29 @@ def _run_sweep(
         write_json(sweep_dir / "sweep.json", plan)
     axes = plan["axes"]
     rows: list[dict[str, Any]] = []
-    for point in grid(axes):
-        summaries = []
-        for k in range(repeat):
-            summary = sweep.run(point, k, total)
-            if isinstance(summary, int):
-                return summary
-            if summary["interrupted"]:
-                console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
-                _write_csv(sweep_dir, rows, pd)
-                return exit_code(summary)
-            summaries.append(summary)
-        rows.append(aggregate(point, summaries))
+    if found_by is not None:
+        from bench_cli.sweep_search import run_search
+
+        save = functools.partial(_write_csv, sweep_dir, rows, pd)
+        code = run_search(sweep.point_row, found_by, axes, rows, save, console, sweep_dir)
+        if code is not None:
+            return code
+        axes = axes | {"rate": sorted({r["rate"] for r in rows})}
+    for point in [] if found_by is not None else grid(axes):
+        row = sweep.point_row(point, total)
+        if isinstance(row, int):
+            return row
+        rows.append(row)
         _write_csv(sweep_dir, rows, pd)
     print_comparison(console, rows, list(axes), [a for a in axes if a in LOAD_AXES])
-    _print_verdict(console, rows, list(axes), plan)
+    print_verdict(console, rows, list(axes), plan)
     from bench_cli.report import sweep_report
 
+    if found_by is not None:  # the rates tested, for the report's load axis
+        write_json(sweep_dir / "sweep.json", plan | {"report_axes": axes})
     sweep_report(sweep_dir)
     console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
     return INVALID_EXIT if any(invalid(r) for r in rows) else 0
-
-
-def _print_verdict(
-    console: Console, rows: list[dict[str, Any]], axes: list[str], plan: dict[str, Any]
-) -> None:
-    """The report's verdict in the terminal, under the tables: the SLO "in SLO" means and
-    the best setting at each load (bench_cli.sweep_verdict)."""
-    from bench_cli.sweep_verdict import slo_of, verdict_lines, workload_text
-
-    slo = slo_of(plan)
-    load = next((a for a in axes if a in LOAD_AXES), None)
-    console.print(escape(f"workload: {workload_text(plan)}"), highlight=False)
-    if slo:
-        console.print(escape(f'"in SLO": share of requests sent that met every bound of {slo}'))
-    for line in verdict_lines(rows, axes, load, slo):
-        console.print(escape(f"verdict {line.text}"), highlight=False)
 
 
 def _find_anchors(
@@ -429,9 +448,8 @@ def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None
         before = json.loads((sweep_dir / "sweep.json").read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"--resume {sweep_dir}: not a sweep folder ({e})") from e
-    changed = sorted(
-        k for k in set(before) | set(plan) if _results_part(before, k) != _results_part(plan, k)
-    )
+    keys = (set(before) | set(plan)) - {"report_axes"}  # written at the end, from the results
+    changed = sorted(k for k in keys if _results_part(before, k) != _results_part(plan, k))
     if changed:
         raise ValueError(f"--resume {sweep_dir}: changed since it started: {', '.join(changed)}")
 

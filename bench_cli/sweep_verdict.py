@@ -10,6 +10,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from rich.console import Console
+from rich.markup import escape
+
+from bench_cli.sweep_grid import LOAD_AXES
 from bench_cli.sweep_table import SLO_ATTAINMENT, invalid, knee
 
 
@@ -123,3 +127,17 @@ def verdict_html(rows: list[dict[str, Any]], axes: list[str], load: str | None, 
         f"<p><b>Workload:</b> {html.escape(workload_text(plan))}<br><b>SLO:</b> "
         f"{html.escape(slo_text)}</p><ul>{items}</ul></div>"
     )
+
+
+def print_verdict(
+    console: Console, rows: list[dict[str, Any]], axes: list[str], plan: dict[str, Any]
+) -> None:
+    """The report's verdict in the terminal, under the sweep's tables, with the SLO that
+    "in SLO" means."""
+    slo = slo_of(plan)
+    load = next((a for a in axes if a in LOAD_AXES), None)
+    console.print(escape(f"workload: {workload_text(plan)}"), highlight=False)
+    if slo:
+        console.print(escape(f'"in SLO": share of requests sent that met every bound of {slo}'))
+    for line in verdict_lines(rows, axes, load, slo):
+        console.print(escape(f"verdict {line.text}"), highlight=False)
