@@ -557,7 +557,35 @@ def sweep(
             "request at once) and N-2 rates spaced linearly between their achieved req/s"
         ),
     ] = None,
-    base_url: Annotated[str | None, Opt(help="sweep the load against an external server")] = None,
+    base_url: Annotated[
+        str | None,
+        Opt(help="sweep the load against an external server (with --serve-cmd: where it listens)"),
+    ] = None,
+    slo_search: Annotated[
+        str | None,
+        Opt(
+            help="LO:HI[:STEPS]: per setting, the highest rate with 90% of requests in the "
+            "profile's SLO, by bisection between LO and HI req/s (STEPS midpoints, default 5)"
+        ),
+    ] = None,
+    serve_cmd: Annotated[
+        str | None,
+        Opt(
+            help="start this server for every run, e.g. 'vllm serve M --max-num-seqs "
+            "{max_num_seqs}': {KEY} filled from the sweep's grid, {port} with a free port; "
+            "its output in the point's server.log; stopped (its process group) after the run"
+        ),
+    ] = None,
+    ready_url: Annotated[
+        str | None,
+        Opt(help="with --serve-cmd: ready when this answers 200 (default /health, /v1/models)"),
+    ] = None,
+    ready_timeout: Annotated[
+        float, Opt(help="with --serve-cmd: seconds to wait for the server to be ready")
+    ] = 600.0,
+    after_point_cmd: Annotated[
+        str | None, Opt(help="with --serve-cmd: a shell command run after each point's runs")
+    ] = None,
     model: Annotated[str | None, Opt(help="served model name or bundled model")] = None,
     api_key: Annotated[str | None, Opt(help="bearer token for the server")] = None,
     num_requests: Annotated[
@@ -593,8 +621,16 @@ def sweep(
     if repeat < 1:
         console.print("[bold red]error:[/] --repeat must be >= 1")
         raise typer.Exit(2)
-    if profile is None and rates is None:
+    if profile is None and rates is None and slo_search is None:
         console.print("[bold red]error:[/] give --profile (a sweep profile) and/or --rates")
+        raise typer.Exit(2)
+    serve = None
+    if serve_cmd is not None:
+        from bench_cli.serve_cmd import ServeCommand
+
+        serve = ServeCommand(serve_cmd, base_url, ready_url, ready_timeout, after_point_cmd)
+    elif ready_url is not None or after_point_cmd is not None:
+        console.print("[bold red]error:[/] --ready-url and --after-point-cmd go with --serve-cmd")
         raise typer.Exit(2)
     flags = {"base_url": base_url, "model": model, "api_key": api_key, "name": name, "out": out}
     flags |= {"engine_kind": engine_kind, "sim_device": sim_device}
@@ -602,7 +638,15 @@ def sweep(
     flags |= {"sim_acceptance": sim_acceptance, "sim_draft_share": sim_draft_share}
     flags |= {"num_requests": num_requests, "duration": duration, "rate": rate}
     code = run_sweep(
-        profile or "default", flags, repeat, resume, not no_dashboard, console, rates=rates
+        profile or "default",
+        flags,
+        repeat,
+        resume,
+        not no_dashboard,
+        console,
+        rates,
+        serve,
+        slo_search,
     )
     raise typer.Exit(code)
 
@@ -826,6 +870,10 @@ def report(
     cdn: Annotated[
         bool, Opt(help="load plotly.js from its CDN (small file, needs internet)")
     ] = False,
+    pareto: Annotated[
+        bool,
+        Opt(help="a sweep: pareto.html, tok/s per user against tok/s, the frontier's points"),
+    ] = False,
 ) -> None:
     """Rebuild report.html (plotly) from a run's or a sweep's files on disk."""
     from pathlib import Path
@@ -833,7 +881,14 @@ def report(
     from bench_cli.report import build_report
 
     try:
-        path = build_report(Path(folder), embed=not cdn)
+        if pareto:
+            from bench_cli.report import pareto_report
+
+            if not (Path(folder) / "sweep.csv").is_file():
+                raise ValueError(f"{folder}: --pareto takes a sweep folder (sweep.csv)")
+            path = pareto_report(Path(folder), embed=not cdn)
+        else:
+            path = build_report(Path(folder), embed=not cdn)
     except (ValueError, OSError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         raise typer.Exit(2) from None

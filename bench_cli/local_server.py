@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -67,61 +68,58 @@ def serve_flags(engine: dict[str, Any]) -> list[str]:
     return flags
 
 
-class LocalServer:
-    def __init__(
-        self, model: str, engine: dict[str, Any], log_path: Path, step_log: Path | None = None
-    ) -> None:
-        self.model, self.engine, self.log_path = model, engine, log_path
-        self.step_log = step_log
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+class ServerProcess:
+    """Any server command as a child in its own process group, which dies with us (see
+    die_with_parent) and is stopped as a group: the bundled engine, or a `bench sweep
+    --serve-cmd` server (vLLM, SGLang, llama.cpp, ...) restarted per point."""
+
+    def __init__(self, cmd: list[str], log_path: Path, ready_urls: list[str]) -> None:
+        self.cmd, self.log_path, self.ready_urls = cmd, log_path, ready_urls
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 600.0) -> None:
-        cmd = [sys.executable, "-m", "bench_cli", "serve", "--model", self.model]
-        cmd += ["--port", str(self.port), *serve_flags(self.engine)]
-        if self.step_log is not None:
-            cmd += ["--step-log", str(self.step_log)]
-        log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=os.environ | {"PYTHONUNBUFFERED": "1"},
-            # its own process group: Ctrl-C reaches us first, we stop the server (and its
-            # workers: the whole group) last
-            start_new_session=True,
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        )
-        log.close()
+        """Start and wait until one of the ready URLs answers 200 (the server's log in
+        log_path); stops what it started before raising."""
+        log = self.log_path.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                self.cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=os.environ | {"PYTHONUNBUFFERED": "1"},
+                # its own process group: Ctrl-C reaches us first, we stop the server (and its
+                # workers: the whole group) last
+                start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
+            )
+        except OSError as e:
+            raise ServerStartError(f"`{shlex.join(self.cmd)}` did not start: {e}") from e
+        finally:
+            log.close()
+        try:
+            self._wait_ready(timeout_s)
+        except BaseException:  # an interrupt while it starts included: nothing left behind
+            self.stop()
+            raise
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        assert self.proc is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerStartError(
-                    f"`{' '.join(cmd[2:])}` exited with code {self.proc.returncode}:\n"
+                    f"`{shlex.join(self.cmd)}` exited with code {self.proc.returncode}:\n"
                     + self.log_tail()
                 )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1):
-                    return
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
-        self.stop()
-        raise ServerStartError(f"the server was not healthy after {timeout_s:.0f} s")
-
-    def engine_config(self) -> dict[str, Any] | None:
-        """The server's resolved engine config, with its weight and KV memory under "memory",
-        the attention, forward and linear paths it runs under "decode_attention",
-        "model_forward" and "linears",
-        and the model's shape under "model_shape"."""
-        try:
-            with urllib.request.urlopen(f"{self.base_url}/engine/config", timeout=5) as r:
-                body = json.loads(r.read())
-                keys = ("memory", "decode_attention", "model_forward", "linears", "model_shape")
-                extra = {k: body.get(k) for k in keys}
-                return {**body["engine"], **extra}
-        except (urllib.error.URLError, OSError, ValueError, KeyError):
-            return None
+            for url in self.ready_urls:
+                try:
+                    with urllib.request.urlopen(url, timeout=1):
+                        return
+                except (urllib.error.URLError, OSError, ValueError):
+                    pass
+            time.sleep(0.2)
+        urls = " or ".join(self.ready_urls)
+        raise ServerStartError(f"the server did not answer {urls} within {timeout_s:.0f} s")
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -142,6 +140,34 @@ class LocalServer:
         finally:
             _signal_group(self.proc.pid, signal.SIGKILL)  # what is left of the group
             self.proc.wait()
+
+
+class LocalServer(ServerProcess):
+    def __init__(
+        self, model: str, engine: dict[str, Any], log_path: Path, step_log: Path | None = None
+    ) -> None:
+        self.model, self.engine = model, engine
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        cmd = [sys.executable, "-m", "bench_cli", "serve", "--model", model]
+        cmd += ["--port", str(self.port), *serve_flags(engine)]
+        if step_log is not None:
+            cmd += ["--step-log", str(step_log)]
+        super().__init__(cmd, log_path, [f"http://127.0.0.1:{self.port}/health"])
+
+    def engine_config(self) -> dict[str, Any] | None:
+        """The server's resolved engine config, with its weight and KV memory under "memory",
+        the attention, forward and linear paths it runs under "decode_attention",
+        "model_forward" and "linears",
+        and the model's shape under "model_shape"."""
+        try:
+            with urllib.request.urlopen(f"{self.base_url}/engine/config", timeout=5) as r:
+                body = json.loads(r.read())
+                keys = ("memory", "decode_attention", "model_forward", "linears", "model_shape")
+                extra = {k: body.get(k) for k in keys}
+                return {**body["engine"], **extra}
+        except (urllib.error.URLError, OSError, ValueError, KeyError):
+            return None
 
     def __enter__(self) -> LocalServer:
         self.start()

@@ -17,9 +17,11 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
+from bench_cli.pareto import frontier_html, frontier_rows, pareto_figure
 from bench_cli.signals import signal
 from bench_cli.sweep_grid import grid
 from bench_cli.sweep_table import INVALID_TEXT, invalid
+from bench_cli.sweep_verdict import slo_of, verdict_html
 from bench_cli.tables import sim_title
 from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.records import RequestRecord, TokenTimes, read_records
@@ -308,15 +310,18 @@ def setting_colours(labels: Iterable[object]) -> dict[str, str]:
     return {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(names)}
 
 
+def setting_labels(table: pd.DataFrame, axes: list[str], load: str | None) -> pd.Series:
+    """Each point's setting: its axes' values less the load's."""
+    settings = [a for a in axes if a != load]
+    if not settings:
+        return table["point"].astype(str)
+    return table[settings].astype(str).agg(" ".join, axis=1)
+
+
 def sweep_figures(
     table: pd.DataFrame, axes: list[str], load: str | None, setting_keys: Sequence[str] = ()
 ) -> list[Figure]:
-    settings = [a for a in axes if a != load]
-    label = (
-        table[settings].astype(str).agg(" ".join, axis=1)
-        if settings
-        else table["point"].astype(str)
-    )
+    label = setting_labels(table, axes, load)
     table = table.copy().assign(setting=label)  # read_csv of a wide table is fragmented
     colours = setting_colours(table["setting"])
     figs = []
@@ -338,9 +343,12 @@ def sweep_figures(
         title="Throughput vs latency (each point a load; x: INVALID, schedule not kept)",
         xaxis_title="output tokens/s",
         yaxis_title="TPOT p99 (ms)",
+        xaxis_rangemode="tozero",  # from 0: no zoom that makes noise look like a difference
+        yaxis_rangemode="tozero",
         height=450,
     )
     figs.append(fig)
+    figs.append(pareto_figure(table, colours, load))
     if load:
         figs.append(_against_load(table, load, colours))
     figs.append(_side_by_side(table, load, colours))
@@ -377,6 +385,7 @@ def _against_load(table: pd.DataFrame, load: str, colours: dict[str, str]) -> Fi
                     col=col,
                 )
     fig.update_xaxes(title_text=load)
+    fig.update_yaxes(rangemode="tozero")  # from 0: a small difference looks small
     fig.update_layout(title=f"Against {load}", height=450)
     return fig
 
@@ -387,6 +396,20 @@ SIDE_BY_SIDE = (
     ("tpot_s.p99", "TPOT p99 (ms)", 1e3),
     ("telemetry.mean_engine_running", "mean sequences running", 1.0),
 )
+
+
+_ONE_RUN = "one run each: no noise estimate, --repeat 3 gives one"
+
+
+def _repeated(table: pd.DataFrame) -> bool:
+    return any(c.endswith(".ci95") for c in table.columns)
+
+
+def _spread(g: pd.DataFrame, key: str, scale: float) -> dict[str, Any] | None:
+    """Error bars of a repeated sweep's 95 % confidence half-width."""
+    if f"{key}.ci95" not in g:
+        return None
+    return {"type": "data", "array": list(g[f"{key}.ci95"] * scale), "visible": True}
 
 
 def _side_by_side(table: pd.DataFrame, load: str | None, colours: dict[str, str]) -> Figure:
@@ -405,11 +428,14 @@ def _side_by_side(table: pd.DataFrame, load: str | None, colours: dict[str, str]
                     legendgroup=str(name),
                     showlegend=col == 1,
                     marker={"color": colours[str(name)]},
+                    error_y=_spread(g, key, scale),
                 ),
                 row=1,
                 col=col,
             )
-    fig.update_layout(title="Settings side by side", barmode="group", height=400)
+    # bars from 0, never zoomed in: a noise-sized difference must look noise-sized
+    spread = "whiskers: 95 % CI of the repeats" if _repeated(table) else _ONE_RUN
+    fig.update_layout(title=f"Settings side by side ({spread})", barmode="group", height=400)
     return fig
 
 
@@ -682,7 +708,7 @@ def _validity(row: pd.Series) -> str:
     return "INVALID"
 
 
-def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
+def sweep_table_html(table: pd.DataFrame, axes: list[str], slo: str | None = None) -> str:
     """One row per point: its settings, throughput, then TTFT/ITL/TPOT/E2E mean, p50 and p99,
     all in ms like the plots beside it (a header row per distribution keeps it narrow)."""
     cols: dict[tuple[str, str], list[str]] = {}
@@ -693,6 +719,8 @@ def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
         if key == "simulated" and key in table and not table[key].fillna(0).any():
             continue  # a real sweep: no column saying so
         if key in table and table[key].notna().any():
+            if key == "slo_attainment":  # never an "in SLO" without the SLO it means
+                label = f"in SLO ({slo})" if slo else label
             cols[("", label)] = [_cell(r, key, fmt.format) for _, r in table.iterrows()]
     if any(invalid(r) for _, r in table.iterrows()):
         cols[("", "valid")] = [_validity(r) for _, r in table.iterrows()]
@@ -707,9 +735,10 @@ def sweep_table_html(table: pd.DataFrame, axes: list[str]) -> str:
 def sweep_report(sweep: Path, embed: bool = True) -> Path:
     table = pd.read_csv(sweep / "sweep.csv")
     plan = json.loads((sweep / "sweep.json").read_text())
-    axes = list(plan["axes"])
+    plan_axes = plan.get("report_axes") or plan["axes"]  # --slo-search: the rates it tested
+    axes = list(plan_axes)
     load = next((a for a in axes if a in ("rate", "concurrency")), None)
-    setting_keys = list(dict.fromkeys(k for p in grid(plan["axes"]) for k in p.settings))
+    setting_keys = list(dict.fromkeys(k for p in grid(plan_axes) for k in p.settings))
     figs = sweep_figures(table, axes, load, setting_keys)
     out = sweep / "report.html"
     intro = html.escape(f"{len(table)} points over {', '.join(axes)}; {plan['repeat']} run(s) each")
@@ -721,7 +750,7 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
         title += " (partly SIMULATED)"
         intro = SIMULATED_BANNER.replace("no model ran", "points with simulated = 1: no model ran")
         intro += html.escape(f"{len(table)} points over {', '.join(axes)}")
-    table_html = sweep_table_html(table, axes)
+    table_html = sweep_table_html(table, axes, slo_of(plan))
     bad = sum(invalid(r) for r in table.to_dict("records"))
     if bad:
         text = html.escape(INVALID_TEXT.format(bad, len(table))).replace(
@@ -730,7 +759,24 @@ def sweep_report(sweep: Path, embed: bool = True) -> Path:
         intro = (
             f"<p style='background:#f8d7da;border:1px solid #c00;padding:8px'>{text}</p>" + intro
         )
+    rows = table.to_dict("records")
+    intro = verdict_html(rows, axes, load, plan) + intro  # the answer first
     out.write_text(_page(title, intro, figs, table_html, embed))
+    return out
+
+
+def pareto_report(sweep: Path, embed: bool = True) -> Path:
+    """`bench report --pareto DIR`: the Pareto chart and the frontier's points, pareto.html."""
+    table = pd.read_csv(sweep / "sweep.csv")
+    plan = json.loads((sweep / "sweep.json").read_text())
+    axes = list(plan.get("report_axes") or plan["axes"])
+    load = next((a for a in axes if a in ("rate", "concurrency")), None)
+    table = table.assign(setting=setting_labels(table, axes, load))
+    fig = pareto_figure(table, setting_colours(table["setting"]), load)
+    rows = frontier_rows(table, [a for a in axes if a in table])
+    out = sweep / "pareto.html"
+    intro = html.escape(f"{len(table)} points of sweep {sweep.name}")
+    out.write_text(_page(f"Pareto view: {sweep.name}", intro, [fig], frontier_html(rows), embed))
     return out
 
 

@@ -20,8 +20,11 @@ found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep_rates)."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
+import shlex
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,8 +36,9 @@ from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
 from bench_cli.interrupts import Interrupted, raising_on_signals
-from bench_cli.local_server import ServerStartError
+from bench_cli.local_server import ServerProcess, ServerStartError
 from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config, run_one
+from bench_cli.serve_cmd import ServeCommand
 from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep_rates import (
     RateSpec,
@@ -45,7 +49,9 @@ from bench_cli.sweep_rates import (
     check_load_flags,
 )
 from bench_cli.sweep_table import invalid, print_comparison
+from bench_cli.sweep_verdict import print_verdict
 from bench_cli.vllm_json import check_vllm_json_path
+from loadgen.config import RunConfig
 from loadgen.redact import redact_settings
 
 # What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
@@ -63,6 +69,8 @@ SCALARS = (
 )
 CLASS_DISTRIBUTIONS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 CLASS_SCALARS = ("request_throughput", "output_throughput", "goodput", "completed", "failed")
+# The keys a grid may set for the load rather than the server (--serve-cmd): rate, ...
+RUN_KEYS = {f.name for f in dataclasses.fields(RunConfig)} - {"engine", "classes"}
 # Student's t at 97.5 % for 1..30 degrees of freedom: 95 % two-sided confidence intervals.
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 T975 += (2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064)
@@ -148,6 +156,7 @@ class Sweep:
     repeat: int
     dashboard: bool
     console: Console
+    serve: ServeCommand | None = None  # --serve-cmd: a server of ours started per run
 
     def run(self, point: SweepPoint, k: int, total: int) -> dict[str, Any] | int:
         """Run k of a point (or the one an earlier attempt finished): its summary, or the exit
@@ -165,17 +174,32 @@ class Sweep:
         else:
             console.rule(title)
             shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
-            cfg = resolve_config(self.base, _point_flags(self.flags, point, out))
-            if cfg.save_vllm_json:  # one file a point, in its folder: never one over another
-                cfg = replace(cfg, save_vllm_json=str(out / Path(cfg.save_vllm_json).name))
+            server: ServerProcess | None = None
             try:
+                flags = _point_flags(self.flags, point, out)
+                if self.serve is not None:  # the server first: its base URL is the run's
+                    out_dir = run_dir(str(out), self.name)
+                    server, flags = self._start_server(point, out_dir)
+                cfg = resolve_config(self.base, flags)
+                if cfg.save_vllm_json:  # one file a point, in its folder: never one over another
+                    cfg = replace(cfg, save_vllm_json=str(out / Path(cfg.save_vllm_json).name))
                 if cfg.save_vllm_json:
                     check_vllm_json_path(cfg.save_vllm_json, str(out), overwrite=True)
-                out_dir = run_dir(str(out), self.name)
+                if server is None:
+                    out_dir = run_dir(str(out), self.name)
                 summary = run_one(cfg, out_dir, self.dashboard, console, report=False)
             except (ServerStartError, ValueError, ModelLoadError) as e:
                 console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
                 return 2
+            finally:
+                if server is not None:  # every way out: an interrupt, an error, the end
+                    server.stop()
+            if self.serve is not None:
+                try:
+                    self.serve.after_point(out_dir / "after_point.log")
+                except (ValueError, OSError) as e:
+                    console.print(f"[bold red]error at {title}:[/] {escape(str(e))}")
+                    return 2
             if probe_failed(summary):  # the server refuses: every point would fail alike
                 message = escape(summary["stopped_early"])
                 console.print(f"[bold red]error at {title}:[/] {message}", highlight=False)
@@ -192,6 +216,33 @@ class Sweep:
             )
         return summary
 
+    def point_row(self, point: SweepPoint, total: int) -> dict[str, Any] | int:
+        """Every run of a point: its sweep.csv row, or the exit code that ends the sweep."""
+        summaries = []
+        for k in range(self.repeat):
+            summary = self.run(point, k, total)
+            if isinstance(summary, int):
+                return summary
+            if summary["interrupted"]:
+                self.console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
+                return exit_code(summary)
+            summaries.append(summary)
+        return aggregate(point, summaries)
+
+    def _start_server(
+        self, point: SweepPoint, out_dir: Path
+    ) -> tuple[ServerProcess, dict[str, Any]]:
+        """Start the point's --serve-cmd server (its output in server.log, what it ran in
+        server.json); the run's flags, pointed at it."""
+        assert self.serve is not None
+        server, base_url = self.serve.server(point.settings, out_dir / "server.log")
+        write_json(out_dir / "server.json", {"cmd": server.cmd, "settings": point.settings})
+        with self.console.status(escape(f"starting `{shlex.join(server.cmd)}` ...")):
+            server.start(self.serve.ready_timeout)
+        run_point = replace(point, settings=self.serve.run_settings(point.settings))
+        flags = _point_flags(self.flags, run_point, out_dir) | {"base_url": base_url}
+        return server, flags
+
 
 def run_sweep(
     profile: str | dict[str, Any],
@@ -201,10 +252,14 @@ def run_sweep(
     dashboard: bool,
     console: Console,
     rates: str | None = None,
+    serve: ServeCommand | None = None,
+    search: str | None = None,
 ) -> int:
     with raising_on_signals():
         try:
-            return _run_sweep(profile, flags, repeat, resume, dashboard, console, rates)
+            return _run_sweep(
+                profile, flags, repeat, resume, dashboard, console, rates, serve, search
+            )
         except Interrupted as e:  # outside a point's load (which handles signals itself)
             console.print(
                 f"[yellow]interrupted[/] by {e.name}: finished points are kept (--resume)"
@@ -220,20 +275,30 @@ def _run_sweep(
     dashboard: bool,
     console: Console,
     rates: str | None = None,
+    serve: ServeCommand | None = None,
+    search: str | None = None,
 ) -> int:
     import pandas as pd
 
+    from bench_cli.sweep_search import SearchSpec
     from engine.model.sources import ModelLoadError
 
     try:
         spec = RateSpec.parse(rates) if rates is not None else None
-        base, axes = load_sweep(profile, required=spec is None)
+        found_by = SearchSpec.parse(search) if search is not None else None
+        base, axes = load_sweep(profile, required=spec is None and found_by is None)
+        if found_by is not None and (spec is not None or set(axes) & set(LOAD_AXES)):
+            raise ValueError("--slo-search finds the rate itself: no --rates, no sweep.rate")
         if spec is not None:
             axes = apply(spec, axes)
         check_load_flags(flags, axes, spec)
         name = flags.get("name") or base.get("name", "sweep")
         sweep_dir = Path(resume) if resume else run_dir(flags.get("out"), name)
         plan = masked({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
+        if serve is not None:
+            plan["serve"] = serve.record()
+        if found_by is not None:
+            plan["slo_search"] = search
         auto = spec.auto if spec is not None else None
         anchors = None
         if spec is not None:
@@ -249,8 +314,17 @@ def _run_sweep(
                 )
         _check_resume(sweep_dir, plan, resume is not None)
         planned = auto_axes(axes, [1.0] * (auto - 2)) if auto and not anchors else plan["axes"]
+        if found_by is not None:  # the rates come later: check the settings at LO
+            planned = planned | {"rate": [found_by.low]}
+            if (
+                resolve_config(base, _check_flags(flags, grid(planned)[0], sweep_dir, serve)).slo
+                is None
+            ):
+                raise ValueError('--slo-search needs an SLO: the profile\'s slo = "ttft=..."')
+        if serve is not None:  # before anything starts: every key reaches the server or load
+            serve.check(grid(planned), RUN_KEYS)
         for point in grid(planned):  # every point's config must resolve before the first runs
-            resolve_config(base, _point_flags(flags, point, sweep_dir))
+            resolve_config(base, _check_flags(flags, point, sweep_dir, serve))
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
@@ -260,7 +334,7 @@ def _run_sweep(
         escape(f"sweep {name}: {total} points x {repeat} runs -> {sweep_dir}/"),
         highlight=False,
     )
-    sweep = Sweep(base, flags, sweep_dir, name, repeat, dashboard, console)
+    sweep = Sweep(base, flags, sweep_dir, name, repeat, dashboard, console, serve)
     if spec is not None and spec.auto and anchors is None:
         found = _find_anchors(sweep, spec, axes, total)
         if isinstance(found, int):
@@ -269,22 +343,26 @@ def _run_sweep(
         write_json(sweep_dir / "sweep.json", plan)
     axes = plan["axes"]
     rows: list[dict[str, Any]] = []
-    for point in grid(axes):
-        summaries = []
-        for k in range(repeat):
-            summary = sweep.run(point, k, total)
-            if isinstance(summary, int):
-                return summary
-            if summary["interrupted"]:
-                console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
-                _write_csv(sweep_dir, rows, pd)
-                return exit_code(summary)
-            summaries.append(summary)
-        rows.append(aggregate(point, summaries))
+    if found_by is not None:
+        from bench_cli.sweep_search import run_search
+
+        save = functools.partial(_write_csv, sweep_dir, rows, pd)
+        code = run_search(sweep.point_row, found_by, axes, rows, save, console, sweep_dir)
+        if code is not None:
+            return code
+        axes = axes | {"rate": sorted({r["rate"] for r in rows})}
+    for point in [] if found_by is not None else grid(axes):
+        row = sweep.point_row(point, total)
+        if isinstance(row, int):
+            return row
+        rows.append(row)
         _write_csv(sweep_dir, rows, pd)
     print_comparison(console, rows, list(axes), [a for a in axes if a in LOAD_AXES])
+    print_verdict(console, rows, list(axes), plan)
     from bench_cli.report import sweep_report
 
+    if found_by is not None:  # the rates tested, for the report's load axis
+        write_json(sweep_dir / "sweep.json", plan | {"report_axes": axes})
     sweep_report(sweep_dir)
     console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
     return INVALID_EXIT if any(invalid(r) for r in rows) else 0
@@ -355,6 +433,16 @@ def _point_flags(flags: dict[str, Any], point: SweepPoint, out: Path) -> dict[st
     return given | point.settings | {"out": str(out), "name": point.dirname}
 
 
+def _check_flags(
+    flags: dict[str, Any], point: SweepPoint, out: Path, serve: ServeCommand | None
+) -> dict[str, Any]:
+    """A point's flags as its run will get them (a --serve-cmd server's URL: a stand-in)."""
+    if serve is None:
+        return _point_flags(flags, point, out)
+    run_point = replace(point, settings=serve.run_settings(point.settings))
+    return _point_flags(flags, run_point, out) | {"base_url": "http://127.0.0.1:1/v1"}
+
+
 def _finished(out: Path) -> dict[str, Any] | None:
     try:
         summary = json.loads((out / "summary.json").read_text())
@@ -375,9 +463,8 @@ def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None
         before = json.loads((sweep_dir / "sweep.json").read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"--resume {sweep_dir}: not a sweep folder ({e})") from e
-    changed = sorted(
-        k for k in set(before) | set(plan) if _results_part(before, k) != _results_part(plan, k)
-    )
+    keys = (set(before) | set(plan)) - {"report_axes"}  # written at the end, from the results
+    changed = sorted(k for k in keys if _results_part(before, k) != _results_part(plan, k))
     if changed:
         raise ValueError(f"--resume {sweep_dir}: changed since it started: {', '.join(changed)}")
 

@@ -288,6 +288,7 @@ def main() -> None:
     p.add_argument("--misbehave", choices=sorted(MISBEHAVIOURS), help="every request's mode")
     p.add_argument("--require-header", action="append", default=[], help="'NAME: VALUE' (else 401)")
     p.add_argument("--dialect", choices=sorted(DIALECTS), default="servebench", help="pose as")
+    p.add_argument("--tag", default="", help="ignored: a sweep axis for --serve-cmd tests")
     a = p.parse_args()
     timing = MockTiming(a.ttft, a.itl, a.tokens_per_chunk, not a.no_usage, a.template_tokens)
     required = dict(h.split(": ", 1) for h in a.require_header)

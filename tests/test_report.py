@@ -53,7 +53,7 @@ def test_a_setting_has_one_colour_and_one_legend_entry_in_every_sweep_panel() ->
     colours = setting_colours(table["batching"])
     assert len(set(colours.values())) == len(SETTINGS)
     figs = sweep_figures(table, ["batching", "rate"], "rate", ["batching"])
-    assert len(figs) == 3  # throughput vs latency, against rate, side by side
+    assert len(figs) == 4  # throughput vs latency, Pareto, against rate, side by side
     for fig in figs:
         shown: list[str] = []
         for trace in fig.data:

@@ -1,0 +1,165 @@
+"""`bench sweep --serve-cmd`: any server restarted per point, its settings filled from the grid
+(issue 44): `bench serve` itself through a command, the refusals before anything starts, and
+no child left after an interrupt in any phase."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import psutil
+import pytest
+from rich.console import Console
+
+from bench_cli.serve_cmd import ServeCommand
+from bench_cli.sweep import run_sweep
+
+SERVE = f"{sys.executable} -m bench_cli serve --model tiny-smollm2 --port {{port}}"
+PROFILE = """
+name = "cmd"
+model = "tiny-smollm2"
+num_requests = 4
+warmup = 0
+input_len = "16"
+output_len = "4"
+concurrency = 2  # a closed loop: no schedule to fall behind on a loaded machine
+
+[sweep]
+max_num_seqs = [1, 2]
+"""
+
+
+def sweep(tmp: Path, profile: str, serve: ServeCommand, **kw: Any) -> tuple[int, str]:
+    path = tmp / "profile.toml"
+    path.write_text(profile)
+    buf = io.StringIO()
+    flags = {"base_url": serve.base_url, "model": None, "api_key": None, "name": None}
+    flags["out"] = str(tmp / "sweep")
+    rc = run_sweep(
+        str(path),
+        flags,
+        1,
+        kw.pop("resume", None),
+        False,
+        Console(file=buf, width=160),
+        serve=serve,
+    )
+    return rc, buf.getvalue()
+
+
+def test_a_serve_cmd_sweep_of_bench_serve_runs_each_point_on_its_own_server(
+    tmp_path: Path,
+) -> None:
+    after = f"echo reset >> {tmp_path / 'resets'}"
+    serve = ServeCommand(SERVE + " --max-num-seqs {max_num_seqs}", None, None, 120, after)
+    rc, printed = sweep(tmp_path, PROFILE, serve)
+    assert rc == 0, printed
+    table = pd.read_csv(tmp_path / "sweep" / "sweep.csv")
+    assert list(table["max_num_seqs"]) == [1, 2]
+    assert list(table["completed"]) == [4, 4] and list(table["failed"]) == [0, 0]
+    for point, seqs in zip(sorted((tmp_path / "sweep").glob("p*")), (1, 2), strict=True):
+        ran = json.loads((point / "server.json").read_text())
+        assert ran["settings"] == {"max_num_seqs": seqs}
+        assert ran["cmd"][ran["cmd"].index("--max-num-seqs") + 1] == str(seqs)
+        assert (point / "server.log").stat().st_size > 0  # the server's own output
+        config = json.loads((point / "config.json").read_text())
+        assert config["server"]["kind"] == "servebench"
+    assert (tmp_path / "resets").read_text() == "reset\nreset\n"  # after each point
+    # resume: every point done, no server started again
+    rc, printed = sweep(tmp_path, PROFILE, serve, resume=str(tmp_path / "sweep"))
+    assert rc == 0 and printed.count("done before, kept") == 2, printed
+
+
+@pytest.mark.parametrize(
+    ("template", "axes", "message"),
+    [
+        ("mock --port {port}", "tag = ['a']", "tag reach neither"),
+        ("mock --port {port} --tag {tag} --x {other}", "tag = ['a']", "{other}"),
+        ("mock --tag {tag}", "tag = ['a']", "needs --base-url"),
+        ("mock --port {port} --tag '{tag}", "tag = ['a']", "quotation"),
+    ],
+)
+def test_a_grid_key_or_placeholder_the_other_lacks_is_refused_before_anything_starts(
+    tmp_path: Path, template: str, axes: str, message: str
+) -> None:
+    profile = f'num_requests = 2\nmodel = "m"\n[sweep]\n{axes}\nrate = [1, 2]\n'
+    rc, printed = sweep(tmp_path, profile, ServeCommand(template))
+    assert rc == 2 and message in printed, printed
+    assert not list((tmp_path / "sweep").glob("p*"))
+
+
+MOCK = f"{sys.executable} -m loadgen.mock_server --port {{port}} --tag {{tag}} --itl 0.05"
+SLOW_PROFILE = """
+name = "mock"
+model = "mock"
+num_requests = 200
+warmup = 0
+input_len = "8"
+output_len = "20"
+rate = 5
+
+[sweep]
+tag = ["a", "b"]
+"""
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _wait_for(check: Any, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError("timed out waiting for the phase")
+
+
+@pytest.mark.parametrize("phase", ["starting", "running", "stopping"])
+def test_no_child_outlives_an_interrupt_in_any_phase(tmp_path: Path, phase: str) -> None:
+    (tmp_path / "p.toml").write_text(SLOW_PROFILE)
+    # the server a grandchild, as vLLM's workers are: only its process group reaches it
+    template, extra = f"sh -c '{MOCK} & wait'", []
+    if phase == "starting":  # never ready: the sweep waits on it
+        extra = ["--ready-url", "http://127.0.0.1:{port}/never", "--ready-timeout", "300"]
+    if phase == "stopping":  # a group that ignores SIGINT: the stop waits for it to end
+        template = f"sh -c 'trap \"\" INT; {MOCK} & sleep 300'"
+        (tmp_path / "p.toml").write_text(SLOW_PROFILE.replace("= 200", "= 2"))
+    cmd = [sys.executable, "-m", "bench_cli", "sweep", "--profile", str(tmp_path / "p.toml")]
+    cmd += ["--serve-cmd", template, *extra, "--no-dashboard", "--out", str(tmp_path / "s")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    parent = psutil.Process(proc.pid)
+    try:
+        point = tmp_path / "s" / "p00-tag-a"
+        if phase == "starting":
+            _wait_for(lambda: (point / "server.log").exists() and _descendants(parent))
+            time.sleep(1)
+        elif phase == "running":
+            _wait_for(lambda: (point / "config.json").exists())
+            time.sleep(1)
+        else:
+            _wait_for(lambda: (point / "summary.json").exists())
+            time.sleep(2)
+        children = _descendants(parent)
+        assert children, "no server child"
+        os.kill(proc.pid, signal.SIGINT)
+        printed, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 130, printed
+        _, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"{alive} outlived the sweep ({phase}):\n{printed}"
+        assert not (tmp_path / "s" / "p01-tag-b").exists()
+    finally:
+        proc.kill()
+        proc.wait()
