@@ -6,28 +6,19 @@ and the whole group is stopped when the benchmark ends, however it ends: normall
 exception or Ctrl-C (`finally`), on SIGTERM or SIGHUP (turned into SystemExit so `finally`
 runs), and when the benchmark is SIGKILLed (the kernel sends the child SIGTERM,
 PR_SET_PDEATHSIG, and `stop_group_on_sigterm` in the child takes its group down).
-Standard library only: the child side runs under vLLM's interpreter."""
+The child side (stop_group_on_sigterm) is standard library only: it runs under vLLM's
+interpreter."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGTERM when the parent dies (Linux; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
@@ -73,8 +64,12 @@ def signals_exit() -> Iterator[None]:
 
 def run_group(cmd: Sequence[str], **kwargs: Any) -> int:
     """subprocess.run for a child that starts children: its own process group, stopped with
-    all of it on every exit path (also after a normal exit: stragglers)."""
-    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent, **kwargs)
+    all of it on every exit path (also after a normal exit: stragglers). Runs in our
+    interpreter, so it takes the bundled server's PR_SET_PDEATHSIG set-up."""
+    from bench_cli.local_server import die_with_parent
+
+    dies = functools.partial(die_with_parent, os.getpid())
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=dies, **kwargs)
     try:
         with signals_exit():
             return proc.wait()
