@@ -294,7 +294,7 @@ def _run_sweep(
         check_load_flags(flags, axes, spec)
         name = flags.get("name") or base.get("name", "sweep")
         sweep_dir = Path(resume) if resume else run_dir(flags.get("out"), name)
-        plan = masked({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
+        plan = redact_settings({"profile": base, "axes": axes, "repeat": repeat, "flags": flags})
         if serve is not None:
             plan["serve"] = serve.record()
         if found_by is not None:
@@ -491,11 +491,6 @@ def _as_written(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_as_written(v) for v in value]
     return value
-
-
-def masked(value: Any) -> Any:
-    """No secret in a file the sweep writes (loadgen/redact.py, as RunConfig.to_dict)."""
-    return redact_settings(value)
 
 
 def _write_csv(sweep_dir: Path, rows: list[dict[str, Any]], pd: Any) -> None:

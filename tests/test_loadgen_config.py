@@ -456,13 +456,13 @@ def test_the_api_path_goes_before_the_query() -> None:
 
 
 def test_a_sweeps_plan_masks_header_flags_and_urls_too() -> None:
-    from bench_cli.sweep import masked
+    from loadgen.redact import redact_settings  # what the sweep writes its plan with
 
     plan = {
         "flags": {"headers": ["Authorization: Basic YWJj=", "X-Tenant=a"], "api_key": "sk"},
         "profile": {"base_url": "http://u:p@h/v1", "headers": {"X-Auth-Token": "t"}},
     }
-    assert masked(plan) == {
+    assert redact_settings(plan) == {
         "flags": {"headers": ["Authorization: ***", "X-Tenant: a"], "api_key": "***"},
         "profile": {"base_url": "http://***@h/v1", "headers": {"X-Auth-Token": "***"}},
     }
