@@ -707,6 +707,10 @@ def claims(
     out: Annotated[str | None, Opt(help="claims folder (default results/<time>-claims)")] = None,
     resume: Annotated[str | None, Opt(help="a claims folder: skip its finished claims")] = None,
     no_dashboard: Annotated[bool, Opt("--no-dashboard", help="no live progress display")] = False,
+    max_p99_lag_ms: Annotated[
+        float | None,
+        Opt(help="p99 schedule lag above which a run is INVALID (default 10; a busy machine)"),
+    ] = None,
     engine: EngineKind = None,
     sim_device: SimDevice = None,
     sim_cost_model: SimCostModel = None,
@@ -724,7 +728,9 @@ def claims(
     from bench_cli.claims.runner import SimFlags, run_claims
 
     sim = SimFlags(engine, sim_device, sim_cost_model, sim_profile, tensor_parallel_size)
-    code = run_claims(only, quick, model, base_url, out, resume, not no_dashboard, console, sim)
+    code = run_claims(
+        only, quick, model, base_url, out, resume, not no_dashboard, console, sim, max_p99_lag_ms
+    )
     raise typer.Exit(code)
 
 

@@ -448,7 +448,9 @@ def _finished(out: Path) -> dict[str, Any] | None:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
         return None
-    return None if summary.get("interrupted") or probe_failed(summary) else summary
+    # an INVALID run did not offer the load asked for: a resumed sweep runs it again
+    again = summary.get("interrupted") or probe_failed(summary) or not summary.get("valid", True)
+    return None if again else summary
 
 
 def probe_failed(summary: dict[str, Any]) -> bool:
@@ -469,9 +471,10 @@ def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None
         raise ValueError(f"--resume {sweep_dir}: changed since it started: {', '.join(changed)}")
 
 
-# Where a sweep's results go, what it is called and how it logs in change none of its numbers:
-# a sweep started with --out DIR (or --api-key) resumes from plain `--resume DIR`.
-NOT_RESULTS = ("name", "out", "api_key")
+# Where a sweep's results go, what it is called and how it logs in change none of its numbers,
+# nor does the lag limit that judges its schedule (INVALID points run again on --resume): a
+# sweep started with --out DIR (or --api-key) resumes from plain `--resume DIR`.
+NOT_RESULTS = ("name", "out", "api_key", "max_p99_lag_ms")
 
 
 def _results_part(plan: dict[str, Any], key: str) -> Any:

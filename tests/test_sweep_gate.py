@@ -137,6 +137,25 @@ def test_resume_reruns_only_what_did_not_finish(swept: tuple[Path, Path, str]) -
     assert len(pd.read_csv(tmp / "sweep" / "sweep.csv")) == 2
 
 
+def test_resume_reruns_an_invalid_point_under_a_new_lag_limit(
+    swept: tuple[Path, Path, str],
+) -> None:
+    """An INVALID run did not offer the load asked for: --resume runs it again, and the lag
+    limit, which judges the schedule and changes no measured number, may change meanwhile."""
+    tmp, _, _ = swept
+    kept = sorted((tmp / "sweep").glob("p*/run*/summary.json"))
+    summary = json.loads(kept[0].read_text())
+    kept[0].write_text(json.dumps(summary | {"valid": False}))
+    stamps = {p: p.stat().st_mtime_ns for p in kept}
+    looser = tmp / "looser.toml"
+    looser.write_text(SWEEP.replace("max_p99_lag_ms = 1000.0", "max_p99_lag_ms = 2000.0"))
+    rc, printed = sweep(tmp, looser, repeat=2, resume=str(tmp / "sweep"), flags={})
+    assert rc == 0, printed
+    assert printed.count("done before, kept") == 3
+    assert kept[0].stat().st_mtime_ns != stamps[kept[0]]
+    assert json.loads(kept[0].read_text())["max_p99_lag_s"] == 2.0
+
+
 def test_resume_refuses_a_changed_sweep(swept: tuple[Path, Path, str]) -> None:
     tmp, profile, _ = swept
     rc, printed = sweep(tmp, profile, repeat=3, resume=str(tmp / "sweep"), flags={})

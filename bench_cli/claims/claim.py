@@ -45,18 +45,26 @@ class Simulation:
 class Scale:
     """How big the experiments are: quick (the tiny model, small loads: what the tests run)
     or full (SmolLM2, loads that take minutes); the server a claim about servers meets; and
-    whether the engine is simulated."""
+    whether the engine is simulated; the schedule lag a run may have before it is INVALID
+    (None: the load generator's default)."""
 
     quick: bool
     model: str
     base_url: str | None = None
     sim: Simulation | None = None
+    max_p99_lag_ms: float | None = None
 
     @classmethod
     def of(
-        cls, quick: bool, model: str | None, base_url: str | None, sim: Simulation | None = None
+        cls,
+        quick: bool,
+        model: str | None,
+        base_url: str | None,
+        sim: Simulation | None = None,
+        max_p99_lag_ms: float | None = None,
     ) -> Scale:
-        return cls(quick, model or (QUICK_MODEL if quick else FULL_MODEL), base_url, sim)
+        model = model or (QUICK_MODEL if quick else FULL_MODEL)
+        return cls(quick, model, base_url, sim, max_p99_lag_ms)
 
     def pick(self, quick: Any, full: Any) -> Any:
         return quick if self.quick else full
@@ -68,6 +76,8 @@ class Scale:
         base: dict[str, Any] = {"name": name, "model": self.model, "warmup": 1}
         if self.quick and self.sim is None:
             base["enforce_eager"] = True
+        if self.max_p99_lag_ms is not None:
+            base["max_p99_lag_ms"] = self.max_p99_lag_ms
         if self.sim is None:
             return base | keys
         return scale_rates(base | keys, self.sim.rate_factor) | self.sim.keys()

@@ -18,7 +18,14 @@ from bench_cli.claims.claim import Claim, Scale, Simulation, models_run
 from bench_cli.claims.evidence import read_sweep
 from bench_cli.claims.verdict import Finding, unmeasurable
 from bench_cli.export import environment, run_dir, write_json
+from bench_cli.run_command import INVALID_EXIT
 from loadgen.redact import redact_url
+
+INVALID_SWEEP = (
+    "INVALID: the load generator fell behind its schedule (a busy machine?), so the load "
+    "offered was not the one the claim asks for; --resume runs its INVALID points again, "
+    "--max-p99-lag-ms loosens the limit (see {})"
+)
 
 
 def run_claims(
@@ -31,13 +38,16 @@ def run_claims(
     dashboard: bool,
     console: Console,
     sim_flags: SimFlags | None = None,
+    max_p99_lag_ms: float | None = None,
 ) -> int:
     from bench_cli.claims.output import print_table, write_html
 
     try:
         claims = select(only)
         sim = sim_flags.simulation(quick, model, base_url, console) if sim_flags else None
-        scale = Scale.of(quick, model, base_url, sim)
+        if max_p99_lag_ms is not None and not max_p99_lag_ms > 0:
+            raise ValueError(f"--max-p99-lag-ms {max_p99_lag_ms:g}: give a number above 0")
+        scale = Scale.of(quick, model, base_url, sim, max_p99_lag_ms)
         folder = Path(resume) if resume else run_dir(out, "claims")
         record = _start(folder, scale, claims, resume is not None)
     except (ValueError, OSError) as e:
@@ -136,6 +146,7 @@ def _start(folder: Path, scale: Scale, claims: list[Claim], resuming: bool) -> d
         "model": scale.model,
         "base_url": redact_url(scale.base_url) if scale.base_url else None,  # as resumed too
         "simulation": dataclasses.asdict(scale.sim) if scale.sim else None,
+        "max_p99_lag_ms": scale.max_p99_lag_ms,  # judges the schedule: may change on --resume
         "thresholds": {c.id: c.thresholds for c in claims},
         "environment": environment(),
         "findings": {},
@@ -192,6 +203,8 @@ def _run_claim(
         code = run_sweep(claim.sweep(scale), flags, 1, resume, dashboard, console)
         if code >= 128:  # interrupted (128 + the signal)
             return code
+        if code == INVALID_EXIT:
+            return Failed(unmeasurable(INVALID_SWEEP.format(sweep_dir)))
         if code != 0:
             return Failed(unmeasurable(f"its sweep failed (exit {code}): see {sweep_dir}"))
         return claim.judge(read_sweep(sweep_dir), scale, folder)
