@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench_cli.engine_options import engine_options
 from engine.serving.access_log import QUIET_PATHS
 from engine.serving.limits import API_KEY_ENV, ServerLimits
 
@@ -33,66 +34,6 @@ DEFAULT_PROMPTS = [
 @app.callback()
 def main() -> None:
     """servebench: benchmark and profile LLM serving."""
-
-
-# Engine options, shared by every command that starts the engine (names as in LLM(...)).
-Dtype = Annotated[str, typer.Option(help="auto | bfloat16 | float32 (auto: bf16 where fast)")]
-Device = Annotated[str, typer.Option(help="auto | cpu | cuda")]
-Batching = Annotated[str, typer.Option(help="continuous | static")]
-MaxNumSeqs = Annotated[int, typer.Option(help="requests running at once")]
-MaxBatchedTokens = Annotated[int | None, typer.Option(help="token budget of one step")]
-ChunkedPrefill = Annotated[bool, typer.Option(help="cut long prompts into chunks")]
-PrefillThreshold = Annotated[int, typer.Option(help="cap on one prefill chunk (0: off)")]
-BlockSize = Annotated[int, typer.Option(help="tokens per KV block")]
-NumKVBlocks = Annotated[int | None, typer.Option(help="KV blocks (wins over the memory budget)")]
-KVMemory = Annotated[float | None, typer.Option(help="KV-cache memory budget in GiB")]
-MaxModelLen = Annotated[int | None, typer.Option(help="longest prompt + output")]
-Quantization = Annotated[str | None, typer.Option(help="fp8: e4m3 linear weights")]
-KVDtype = Annotated[str, typer.Option(help="auto | bfloat16 | float32 | fp8 (e4m3, scaled)")]
-SchedulingPolicy = Annotated[
-    str, typer.Option(help="fcfs | priority (lower priority value first, with preemption)")
-]
-PrefixCaching = Annotated[
-    bool, typer.Option(help="reuse the KV of cached prompt prefixes (full 16-token blocks)")
-]
-KVReservation = Annotated[
-    str,
-    typer.Option(
-        help="paged | max_len (baseline: each request reserves a whole max_model_len context "
-        "at admission, no prefix caching)"
-    ),
-]
-EnforceEager = Annotated[
-    bool, typer.Option(help="eager PyTorch only: no compiled CPU forward or decode attention")
-]
-CudaGraphs = Annotated[
-    bool,
-    typer.Option(help="CUDA graphs of decode steps (CUDA, --attention-backend triton; unmeasured)"),
-]
-LoadFormat = Annotated[
-    str,
-    typer.Option(
-        help="auto | dummy: random weights of the model's shape (any config.json), for timing"
-    ),
-]
-TensorParallel = Annotated[
-    int, typer.Option(help="processes the weights are split over (gloo on CPU, NCCL on CUDA)")
-]
-SpeculativeConfigOpt = Annotated[
-    str | None,
-    typer.Option(
-        help='speculative decoding as vLLM takes it, JSON: \'{"method": "ngram", '
-        '"num_speculative_tokens": 4}\' (prompt_lookup_min/max) or \'{"method": '
-        '"draft_layers", "num_speculative_tokens": 3, "num_draft_layers": 24}\''
-    ),
-]
-AttentionBackend = Annotated[
-    str,
-    typer.Option(
-        help="auto | torch | triton: the attention layer's kernels (auto: triton on CUDA; "
-        "triton without CUDA runs Triton's interpreter, slow)"
-    ),
-]
 
 
 def engine_line(engine: Any) -> str:
@@ -135,14 +76,8 @@ def engine_errors(command: str) -> Iterator[None]:
         raise typer.Exit(2) from None
 
 
-def engine_args(options: dict[str, Any]) -> dict[str, Any]:
-    from engine.config import engine_arg_names
-
-    names = engine_arg_names()
-    return {k: v for k, v in options.items() if k in names}
-
-
 @app.command()
+@engine_options()
 def generate(
     prompts: Annotated[
         list[str] | None, typer.Argument(help="prompts (default: a few demos)")
@@ -152,35 +87,15 @@ def generate(
     temperature: float = 0.0,
     seed: int = 0,
     chat: Annotated[bool, typer.Option(help="wrap each prompt in the chat template")] = True,
-    dtype: Dtype = "auto",
-    device: Device = "auto",
-    batching: Batching = "continuous",
-    max_num_seqs: MaxNumSeqs = 64,
-    max_num_batched_tokens: MaxBatchedTokens = None,
-    enable_chunked_prefill: ChunkedPrefill = True,
-    long_prefill_token_threshold: PrefillThreshold = 0,
-    block_size: BlockSize = 16,
-    num_kv_blocks: NumKVBlocks = None,
-    kv_cache_memory_gb: KVMemory = None,
-    max_model_len: MaxModelLen = None,
-    quantization: Quantization = None,
-    kv_cache_dtype: KVDtype = "auto",
-    enforce_eager: EnforceEager = False,
-    attention_backend: AttentionBackend = "auto",
-    cuda_graphs: CudaGraphs = False,
-    enable_prefix_caching: PrefixCaching = True,
-    scheduling_policy: SchedulingPolicy = "fcfs",
-    kv_reservation: KVReservation = "paged",
-    speculative_config: SpeculativeConfigOpt = None,
-    tensor_parallel_size: TensorParallel = 1,
-    load_format: LoadFormat = "auto",
+    *,
+    engine: dict[str, Any],
 ) -> None:
     """Generate offline with the bundled engine and show its KV-cache and batching stats."""
     from engine import LLM, SamplingParams
 
     t0 = time.perf_counter()
     with engine_errors("generate"):
-        llm = LLM(model, **engine_args(locals()))
+        llm = LLM(model, seed=seed, **engine)
     load_s = time.perf_counter() - t0
     texts: list[str] | list[list[int]] = prompts or DEFAULT_PROMPTS
     tokenizer = llm.get_tokenizer()
@@ -197,7 +112,9 @@ def generate(
     outputs = llm.generate(texts, params)
     gen_s = time.perf_counter() - t0
 
-    table = Table(title=f"{model} ({dtype}, {batching} batching)", show_lines=True)
+    table = Table(
+        title=f"{model} ({engine['dtype']}, {engine['batching']} batching)", show_lines=True
+    )
     for col in ("prompt", "output", "tokens in/out", "TTFT s", "E2E s", "finish"):
         table.add_column(col, overflow="fold")
     for prompt, out in zip(prompts or DEFAULT_PROMPTS, outputs, strict=True):
@@ -245,6 +162,7 @@ def generate(
 
 
 @app.command()
+@engine_options()
 def serve(
     model: str = "smollm2-135m",
     host: str = "127.0.0.1",
@@ -276,29 +194,8 @@ def serve(
         str,
         typer.Option(help="paths left out of the access log, comma-separated ('': log all)"),
     ] = ",".join(QUIET_PATHS),
-    seed: int = 0,
-    dtype: Dtype = "auto",
-    device: Device = "auto",
-    batching: Batching = "continuous",
-    max_num_seqs: MaxNumSeqs = 64,
-    max_num_batched_tokens: MaxBatchedTokens = None,
-    enable_chunked_prefill: ChunkedPrefill = True,
-    long_prefill_token_threshold: PrefillThreshold = 0,
-    block_size: BlockSize = 16,
-    num_kv_blocks: NumKVBlocks = None,
-    kv_cache_memory_gb: KVMemory = None,
-    max_model_len: MaxModelLen = None,
-    quantization: Quantization = None,
-    kv_cache_dtype: KVDtype = "auto",
-    enforce_eager: EnforceEager = False,
-    attention_backend: AttentionBackend = "auto",
-    cuda_graphs: CudaGraphs = False,
-    enable_prefix_caching: PrefixCaching = True,
-    scheduling_policy: SchedulingPolicy = "fcfs",
-    kv_reservation: KVReservation = "paged",
-    speculative_config: SpeculativeConfigOpt = None,
-    tensor_parallel_size: TensorParallel = 1,
-    load_format: LoadFormat = "auto",
+    *,
+    engine: dict[str, Any],
 ) -> None:
     """Serve the bundled engine over an OpenAI-compatible HTTP API."""
     import logging
@@ -322,11 +219,11 @@ def serve(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     with engine_errors("serve"):
-        engine = LLMEngine(EngineConfig.from_kwargs(model, **engine_args(locals())))
-    engine.log_steps(step_log)
-    app = build_app(AsyncLLMEngine(engine), served_model_name or model, api_key, max_queue, limits)
-    console.print(engine.startup.line(), highlight=False)
-    console.print(f"serving {model} on http://{host}:{port}/v1 · {engine_line(engine)}")
+        llm = LLMEngine(EngineConfig.from_kwargs(model, **engine))
+    llm.log_steps(step_log)
+    app = build_app(AsyncLLMEngine(llm), served_model_name or model, api_key, max_queue, limits)
+    console.print(llm.startup.line(), highlight=False)
+    console.print(f"serving {model} on http://{host}:{port}/v1 · {engine_line(llm)}")
     run(app, host, port, parse_paths(disable_access_log_for_endpoints))
 
 
@@ -369,6 +266,7 @@ SimAcceptance = Annotated[
 
 
 @app.command()
+@engine_options(unset=True, prefix="engine: ")
 def run(
     profile: Annotated[str, Opt(help="profile name (profiles/NAME.toml) or path")] = "default",
     name: Annotated[str | None, Opt(help="run name (in the results folder name)")] = None,
@@ -486,55 +384,17 @@ def run(
     explain: Annotated[
         bool, Opt("--explain", help="end with two lines on what the numbers mean (make demo)")
     ] = False,
-    dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
-    device: Annotated[str | None, Opt(help="engine: auto | cpu | cuda")] = None,
-    batching: Annotated[str | None, Opt(help="engine: continuous | static")] = None,
-    max_num_seqs: Annotated[int | None, Opt(help="engine: requests running at once")] = None,
-    max_num_batched_tokens: Annotated[int | None, Opt(help="engine: step token budget")] = None,
-    enable_chunked_prefill: Annotated[bool | None, Opt(help="engine: chunked prefill")] = None,
-    long_prefill_token_threshold: Annotated[
-        int | None, Opt(help="engine: cap on one prefill chunk")
-    ] = None,
-    block_size: Annotated[int | None, Opt(help="engine: tokens per KV block")] = None,
-    num_kv_blocks: Annotated[int | None, Opt(help="engine: KV blocks")] = None,
-    kv_cache_memory_gb: Annotated[float | None, Opt(help="engine: KV budget in GiB")] = None,
-    max_model_len: Annotated[int | None, Opt(help="engine: longest prompt + output")] = None,
-    quantization: Annotated[str | None, Opt(help="engine: fp8 (e4m3 linear weights)")] = None,
-    kv_cache_dtype: Annotated[
-        str | None, Opt(help="engine: auto | bfloat16 | float32 | fp8")
-    ] = None,
-    enforce_eager: Annotated[
-        bool | None, Opt(help="engine: eager PyTorch only (no compiled CPU forward)")
-    ] = None,
-    attention_backend: Annotated[
-        str | None, Opt(help="engine: auto | torch | triton (attention-layer kernels)")
-    ] = None,
-    cuda_graphs: Annotated[
-        bool | None, Opt(help="engine: CUDA graphs of decode steps (CUDA + triton)")
-    ] = None,
-    enable_prefix_caching: Annotated[
-        bool | None, Opt(help="engine: reuse cached prompt prefixes (default on)")
-    ] = None,
-    scheduling_policy: Annotated[str | None, Opt(help="engine: fcfs | priority")] = None,
-    kv_reservation: Annotated[str | None, Opt(help="engine: paged | max_len (baseline)")] = None,
-    speculative_config: Annotated[
-        str | None,
-        Opt(help='engine: speculative decoding, JSON (e.g. \'{"method": "ngram"}\', see serve)'),
-    ] = None,
-    tensor_parallel_size: Annotated[
-        int | None, Opt(help="engine: processes the weights are split over")
-    ] = None,
-    load_format: Annotated[
-        str | None, Opt(help="engine: auto | dummy (random weights of the model's shape)")
-    ] = None,
+    *,
+    engine: dict[str, Any],
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""
     flags = {
         k: v
         for k, v in locals().items()
-        if k not in ("profile", "no_dashboard", "header", "traffic_class", "explain")
+        if k not in ("profile", "no_dashboard", "header", "traffic_class", "explain", "engine")
     }
+    flags |= engine
     flags["headers"] = header or None
     flags["classes"] = traffic_class or None
     from bench_cli.run_command import execute
@@ -652,6 +512,19 @@ def sweep(
 
 
 @app.command()
+@engine_options(
+    (
+        "dtype",
+        "quantization",
+        "kv_cache_dtype",
+        "enforce_eager",
+        "attention_backend",
+        "tensor_parallel_size",
+        "max_num_seqs",
+    ),
+    unset=True,
+    prefix="engine: ",
+)
 def calibrate(
     model: Annotated[str, Opt(help="bundled model to measure")] = "smollm2-135m",
     from_run: Annotated[
@@ -663,31 +536,14 @@ def calibrate(
         int | None,
         Opt(help="requests of each phase of the calibration load (profiles/calibrate.toml)"),
     ] = None,
-    dtype: Annotated[str | None, Opt(help="engine: auto | bfloat16 | float32")] = None,
-    quantization: Annotated[str | None, Opt(help="engine: fp8 (e4m3 linear weights)")] = None,
-    kv_cache_dtype: Annotated[
-        str | None, Opt(help="engine: auto | bfloat16 | float32 | fp8")
-    ] = None,
-    enforce_eager: Annotated[bool | None, Opt(help="engine: eager PyTorch only")] = None,
-    attention_backend: Annotated[str | None, Opt(help="engine: auto | torch | triton")] = None,
-    tensor_parallel_size: Annotated[int | None, Opt(help="engine: processes")] = None,
-    max_num_seqs: Annotated[int | None, Opt(help="engine: requests running at once")] = None,
+    *,
+    engine: dict[str, Any],
 ) -> None:
     """Fit the simulated engine's step times to this machine: run a load ramping past
     saturation on the real engine (or read --from-run folders), fit step time to the steps'
     shapes, and save the profile `bench run --engine sim` uses for this model and settings."""
     from bench_cli.calibrate import calibrate as run_calibrate
 
-    engine = {
-        "dtype": dtype,
-        "quantization": quantization,
-        "kv_cache_dtype": kv_cache_dtype,
-        "enforce_eager": enforce_eager,
-        "attention_backend": attention_backend,
-        "tensor_parallel_size": tensor_parallel_size,
-        "max_num_seqs": max_num_seqs,
-    }
-    engine = {k: v for k, v in engine.items() if v is not None}
     raise typer.Exit(run_calibrate(model, engine, from_run or [], out, num_requests, console))
 
 
@@ -735,6 +591,21 @@ def claims(
 
 
 @app.command()
+@engine_options(
+    (
+        "dtype",
+        "device",
+        "quantization",
+        "kv_cache_dtype",
+        "enforce_eager",
+        "attention_backend",
+        "cuda_graphs",
+        "block_size",
+        "num_kv_blocks",
+        "kv_cache_memory_gb",
+        "load_format",
+    )
+)
 def profile(
     model: str = "smollm2-135m",
     batch: Annotated[int, Opt(help="sequences decoding in each step")] = 8,
@@ -746,17 +617,8 @@ def profile(
     compare: Annotated[
         str | None, Opt(help="an earlier profile (folder or profile.json) to show beside")
     ] = None,
-    dtype: Dtype = "auto",
-    device: Device = "auto",
-    quantization: Quantization = None,
-    kv_cache_dtype: KVDtype = "auto",
-    enforce_eager: EnforceEager = False,
-    attention_backend: AttentionBackend = "auto",
-    cuda_graphs: CudaGraphs = False,
-    block_size: BlockSize = 16,
-    num_kv_blocks: NumKVBlocks = None,
-    kv_cache_memory_gb: KVMemory = None,
-    load_format: LoadFormat = "auto",
+    *,
+    engine: dict[str, Any],
 ) -> None:
     """Where an engine step's time goes: steps of one shape (decodes at a context, optionally
     beside a prefill chunk) timed by category (linears, attention, norms and activations, LM
@@ -766,7 +628,7 @@ def profile(
     from bench_cli.profile import ProfileError, Shape, load_report, render, run_profile
 
     shape = Shape(batch, context, prefill, steps, warmup)
-    options = engine_args(locals())
+    options = engine
     try:
         before = load_report(compare) if compare else None  # a bad path fails before the run
         report = run_profile(model, shape, options, out)

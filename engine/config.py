@@ -5,10 +5,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
+
+
+def setting(default: Any = None, help: str = "", factory: Any = None) -> Any:
+    """An engine setting: its default and its one-line help, declared once. The CLI options of
+    every command that starts the engine, the server's /metrics labels, the choices validate()
+    accepts (from the field's Literal type) and the docs' table are derived from these fields."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
 
 Batching = Literal["continuous", "static"]
 KV_CACHE_DTYPES = ("auto", "bfloat16", "float32", "fp8", "fp8_e4m3")
@@ -61,34 +72,45 @@ class ModelConfig:
 
 @dataclass(slots=True)
 class CacheConfig:
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # wins over the memory budget when set
-    kv_cache_memory_gb: float | None = None  # default: 2 GiB, capped to what max_num_seqs can use
-    # auto: the model's dtype. fp8 (alias fp8_e4m3): e4m3 with calibrated per-head scales,
-    # half of bf16's bytes, so the same memory budget holds twice the blocks.
-    kv_cache_dtype: Literal["auto", "bfloat16", "float32", "fp8", "fp8_e4m3"] = "auto"
-    # Reuse the KV of full blocks whose tokens (and every token before them) match a
-    # computed block still in the pool; on by default, as in vLLM v1.
-    enable_prefix_caching: bool = True
-    # paged: blocks as tokens arrive. max_len: the baseline of a contiguous allocator
-    # (HF/FasterTransformer-era serving): at admission a request reserves the blocks of a whole
-    # max_model_len context and keeps them until it ends; no prefix caching (resolve turns it off).
-    kv_reservation: KVReservation = "paged"
+    block_size: int = setting(16, "tokens per KV block")
+    num_kv_blocks: int | None = setting(None, "KV blocks (wins over the memory budget)")
+    kv_cache_memory_gb: float | None = setting(
+        None, "KV-cache memory budget in GiB (default 2, capped to what max_num_seqs can use)"
+    )
+    # fp8 (alias fp8_e4m3): e4m3 with calibrated per-head scales, half of bf16's bytes, so the
+    # same memory budget holds twice the blocks.
+    kv_cache_dtype: Literal["auto", "bfloat16", "float32", "fp8", "fp8_e4m3"] = setting(
+        "auto", "KV cache dtype (auto: the model's; fp8: e4m3 with per-head scales)"
+    )
+    # On by default, as in vLLM v1.
+    enable_prefix_caching: bool = setting(
+        True, "reuse the KV of cached prompt prefixes (full blocks)"
+    )
+    # max_len: the baseline of a contiguous allocator (HF/FasterTransformer-era serving);
+    # resolve() turns prefix caching off under it.
+    kv_reservation: KVReservation = setting(
+        "paged",
+        "paged: blocks as tokens arrive; max_len (baseline): each request reserves a whole "
+        "max_model_len context at admission, no prefix caching",
+    )
 
 
 @dataclass(slots=True)
 class SchedulerConfig:
-    batching: Batching = "continuous"
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int | None = (
-        None  # default: 2048 chunked, else max(2048, max_model_len)
+    batching: Batching = setting("continuous", "continuous or static batching")
+    max_num_seqs: int = setting(64, "requests running at once")
+    max_num_batched_tokens: int | None = setting(
+        None, "token budget of one step (default 2048 chunked, else max(2048, max_model_len))"
     )
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # >0 (chunked prefill only): cap on one prefill chunk
-    # fcfs: arrival order (a request's priority is accepted and not used, as SGLang without
-    # priority scheduling; vLLM refuses it). priority: (priority, arrival) order, lower first;
-    # a waiting request may preempt a running one of lower priority (vLLM's policy names).
-    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    enable_chunked_prefill: bool = setting(True, "cut long prompts into chunks")
+    long_prefill_token_threshold: int = setting(
+        0, "cap on one prefill chunk (chunked prefill only; 0: off)"
+    )
+    # fcfs: a request's priority is accepted and not used, as SGLang without priority
+    # scheduling (vLLM refuses it). Policy names as vLLM's.
+    scheduling_policy: Literal["fcfs", "priority"] = setting(
+        "fcfs", "fcfs | priority (lower priority value first, with preemption)"
+    )
 
 
 SPEC_METHODS = ("ngram", "draft_layers")
@@ -153,30 +175,48 @@ class SpeculativeConfig:
 @dataclass(slots=True)
 class EngineConfig:
     model: str = "smollm2-135m"
-    dtype: Literal["auto", "bfloat16", "float32"] = "auto"  # auto: see engine.resolve_dtype
-    device: str = "auto"
-    quantization: Literal["fp8", "none"] | None = None  # fp8: e4m3 linears, per-channel scales
-    seed: int = 0
-    max_model_len: int | None = None  # default: the model's context length
-    # dummy: the model's shape (a config.json, a built-in name, a GGUF's metadata) with random
-    # weights, as vLLM's --load-format dummy: for timing models whose weights are not here.
-    load_format: Literal["auto", "dummy"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float32"] = setting(
+        "auto", "weights and activations (auto: see engine.resolve_dtype)"
+    )
+    device: str = setting("auto", "auto | cpu | cuda")
+    quantization: Literal["fp8", "none"] | None = setting(
+        None, "fp8: e4m3 linear weights, per-channel scales"
+    )
+    seed: int = setting(0, "seeds sampling")
+    max_model_len: int | None = setting(
+        None, "longest prompt + output (default: the model's context length)"
+    )
+    # dummy, as vLLM's --load-format dummy: for timing models whose weights are not here.
+    load_format: Literal["auto", "dummy"] = setting(
+        "auto", "auto | dummy: random weights of the model's shape (any config.json), for timing"
+    )
     # False: on CPU, the decoder layers run compiled (engine/model/compiled_forward.py) and
-    # decode attention reads K/V in place (engine/ops/cpu_decode_attention.py), compiled at
-    # start-up. True: eager PyTorch only.
-    enforce_eager: bool = False
-    # Kernels of the attention layer (attention, cache write, rotary, norms). torch: the
-    # PyTorch ops (engine/ops), compiled on CPU unless enforce_eager. triton: engine/ops/triton,
-    # compiled on CUDA, in Triton's interpreter elsewhere (slow: for tests). auto: triton on
-    # CUDA where triton is installed, else torch. Recorded as resolved.
-    attention_backend: Literal["auto", "torch", "triton"] = "auto"
-    # CUDA graphs of decode-only steps, one per batch-size bucket (engine/cuda_graphs.py):
-    # CUDA and the triton backend only; off until measured on a GPU (benchmarks/gpu_check.sh).
-    cuda_graphs: bool = False
-    # Tensor parallelism (engine/distributed): the weights split over this many processes.
-    tensor_parallel_size: int = 1
-    # Speculative decoding (engine/spec_decode): None is off.
-    speculative_config: SpeculativeConfig | None = None
+    # decode attention reads K/V in place (engine/ops/cpu_decode_attention.py).
+    enforce_eager: bool = setting(
+        False, "eager PyTorch only: no compiled CPU forward or decode attention"
+    )
+    # torch: the PyTorch ops (engine/ops), compiled on CPU unless enforce_eager. triton:
+    # engine/ops/triton, compiled on CUDA, in Triton's interpreter elsewhere (slow: for tests).
+    # Recorded as resolved.
+    attention_backend: Literal["auto", "torch", "triton"] = setting(
+        "auto",
+        "the attention layer's kernels (auto: triton on CUDA; triton without CUDA runs "
+        "Triton's interpreter, slow)",
+    )
+    # One graph per batch-size bucket (engine/cuda_graphs.py); off until measured on a GPU
+    # (benchmarks/gpu_check.sh).
+    cuda_graphs: bool = setting(
+        False, "CUDA graphs of decode steps (CUDA, --attention-backend triton; unmeasured)"
+    )
+    tensor_parallel_size: int = setting(
+        1, "processes the weights are split over (gloo on CPU, NCCL on CUDA)"
+    )
+    speculative_config: SpeculativeConfig | None = setting(
+        None,
+        'speculative decoding as vLLM takes it, JSON: \'{"method": "ngram", '
+        '"num_speculative_tokens": 4}\' (prompt_lookup_min/max) or \'{"method": '
+        '"draft_layers", "num_speculative_tokens": 3, "num_draft_layers": 24}\'',
+    )
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
@@ -185,51 +225,30 @@ class EngineConfig:
         """Build from vLLM-style flat engine args (`max_num_seqs=8, block_size=16, ...`)."""
         cfg = cls(model=model)
         for name, value in kwargs.items():
-            target = next(
-                (o for o in (cfg, cfg.cache, cfg.scheduler) if name in _arg_names(o)), None
-            )
-            if target is None:
+            if name not in ENGINE_SETTINGS:
                 raise TypeError(
                     f"unknown engine argument {name!r}; known: {sorted(engine_arg_names())}"
                 )
             if name == "speculative_config":
                 value = SpeculativeConfig.parse(value)
-            setattr(target, name, value)
+            setattr(cfg.holder(name), name, value)
         cfg.validate()
         return cfg
 
     def validate(self) -> None:
         s, c = self.scheduler, self.cache
-        if s.scheduling_policy not in ("fcfs", "priority"):
-            raise ValueError(
-                f"scheduling_policy must be 'fcfs' or 'priority', got {s.scheduling_policy!r}"
-            )
-        if s.batching not in ("continuous", "static"):
-            raise ValueError(f"batching must be 'continuous' or 'static', got {s.batching!r}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(
-                "attention_backend must be 'auto', 'torch' or 'triton', "
-                f"got {self.attention_backend!r}"
-            )
-        if self.load_format not in ("auto", "dummy"):
-            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
-        if self.dtype not in ("auto", "bfloat16", "float32"):
-            raise ValueError(f"dtype must be 'auto', 'bfloat16' or 'float32', got {self.dtype!r}")
-        if c.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(
-                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, "
-                f"got {c.kv_cache_dtype!r}"
-            )
-        if c.kv_reservation not in ("paged", "max_len"):
-            raise ValueError(
-                f"kv_reservation must be 'paged' or 'max_len', got {c.kv_reservation!r}"
-            )
         if c.kv_cache_dtype == "fp8_e4m3":
             c.kv_cache_dtype = "fp8"
         if self.quantization == "none":  # a profile's sweep list cannot hold TOML's missing null
             self.quantization = None
-        if self.quantization not in (None, "fp8"):
-            raise ValueError(f"quantization must be 'fp8' or unset, got {self.quantization!r}")
+        values = self.flat()
+        for name, spec in ENGINE_SETTINGS.items():
+            if spec.choices and values[name] not in spec.choices:
+                allowed = [repr(c) if c is not None else "unset" for c in spec.choices]
+                listed = " or ".join(
+                    [", ".join(allowed[:-1]), allowed[-1]] if allowed[1:] else allowed
+                )
+                raise ValueError(f"{name} must be {listed}, got {values[name]!r}")
         for name, value in (("max_num_seqs", s.max_num_seqs), ("block_size", c.block_size)):
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -299,11 +318,64 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its flat name (as `LLM(...)` and the CLI take it)."""
+        return {name: getattr(self.holder(name), name) for name in ENGINE_SETTINGS}
 
-def _arg_names(obj: Any) -> set[str]:
-    return {f.name for f in dataclasses.fields(obj)} - {"cache", "scheduler", "model"}
+    def holder(self, name: str) -> Any:
+        """The object that holds setting `name`: this config, its cache or its scheduler."""
+        section = ENGINE_SETTINGS[name].section
+        return self if section == "engine" else getattr(self, section)
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One engine setting as its field declares it: where it lives, its resolved type, its
+    default and help; the choices of a Literal type (None among them where it may be unset)."""
+
+    name: str
+    section: str  # "engine", "cache" or "scheduler": the object that holds it
+    type: Any
+    default: Any
+    help: str
+
+    @property
+    def choices(self) -> tuple[Any, ...]:
+        return _literal_values(self.type)
+
+    @property
+    def optional(self) -> bool:
+        return type(None) in typing.get_args(self.type)
+
+
+def _literal_values(tp: Any) -> tuple[Any, ...]:
+    if typing.get_origin(tp) is Literal:
+        return typing.get_args(tp)
+    values = [v for arg in typing.get_args(tp) for v in _literal_values(arg)]
+    if values and type(None) in typing.get_args(tp):
+        values.append(None)
+    return tuple(values)
+
+
+def settings_of(sections: dict[str, type]) -> dict[str, Setting]:
+    """The settings (fields declared with `setting`) of each section's dataclass, by name."""
+    out: dict[str, Setting] = {}
+    for section, cls in sections.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if "help" not in f.metadata:  # model, and the nested sections
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out[f.name] = Setting(f.name, section, hints[f.name], default, f.metadata["help"])
+    return out
+
+
+# Every engine setting, by its flat name: declared once, as a field above.
+ENGINE_SETTINGS: dict[str, Setting] = settings_of(
+    {"engine": EngineConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+)
 
 
 def engine_arg_names() -> set[str]:
     """The flat engine-argument names shared by `LLM(...)` and `bench serve` flags."""
-    return set().union(*(_arg_names(c) for c in (EngineConfig, CacheConfig, SchedulerConfig)))
+    return set(ENGINE_SETTINGS)

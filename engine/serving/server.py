@@ -358,21 +358,9 @@ def build_app(
     app = web.Application(middlewares=[errors_and_auth], client_max_size=limits.max_body_bytes)
     app[GUARD_KEY] = guard
     cfg = engine.engine.config
-    flat = {
-        "model": cfg.model,
-        "dtype": cfg.dtype,
-        "batching": cfg.scheduler.batching,
-        "max_num_seqs": cfg.scheduler.max_num_seqs,
-        "max_num_batched_tokens": cfg.scheduler.max_num_batched_tokens,
-        "enable_chunked_prefill": cfg.scheduler.enable_chunked_prefill,
-        "num_kv_blocks": cfg.cache.num_kv_blocks,
-        "block_size": cfg.cache.block_size,
-        "kv_cache_dtype": cfg.cache.kv_cache_dtype,
-        "kv_reservation": cfg.cache.kv_reservation,
-        "quantization": cfg.quantization or "none",
-        "speculative_config": json.dumps(cfg.to_dict()["speculative_config"]),
-        "tensor_parallel_size": cfg.tensor_parallel_size,
-    }
+    flat = {"model": cfg.model} | cfg.flat()  # every setting, as its label
+    flat["quantization"] = cfg.quantization or "none"
+    flat["speculative_config"] = json.dumps(cfg.to_dict()["speculative_config"])
     if engine.engine.tokenizer is not None:
         _ = engine.engine.tokenizer.max_token_chars  # computed once now, not on the event loop
     app[ENGINE_KEY] = engine
