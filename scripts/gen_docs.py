@@ -11,6 +11,7 @@ from pathlib import Path
 from scripts.docgen.cli_ref import cli_page
 from scripts.docgen.files_ref import files_page
 from scripts.docgen.metrics_ref import exit_codes_page, metrics_page
+from scripts.docgen.modules_ref import modules_page
 from scripts.docgen.serving_ref import api_page, prometheus_page
 from scripts.docgen.settings_ref import profiles_page, settings_page
 
@@ -23,6 +24,7 @@ PAGES: dict[str, Callable[[], str]] = {
     "openai-api.md": api_page,
     "prometheus.md": prometheus_page,
     "profiles.md": profiles_page,
+    "modules.md": modules_page,
 }
 
 
