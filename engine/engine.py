@@ -63,8 +63,8 @@ def cpu_has_native_bf16() -> bool:
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
     """'auto' is bfloat16 on CUDA and on CPUs with native bf16 math, float32 on the others,
-    where bf16 matmuls fall back to a path hundreds of times slower (README, "Measured design
-    choices")."""
+    where bf16 matmuls fall back to a path hundreds of times slower
+    (docs/results/2026-12-04-cpu-design-choices.md)."""
     if dtype != "auto":
         return dtype
     return "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"
