@@ -172,8 +172,9 @@ def exit_codes_page() -> str:
     body = (
         "## bench run, bench sweep, bench claims\n\n"
         f"{runs}\nThe INVALID code is `INVALID_EXIT = {INVALID_EXIT}` in "
-        "bench_cli/run_command.py; the codes above come from its `exit_code()`, called on "
-        "summaries of each kind. A signal gives 128 + its number, the shell's convention.\n\n"
+        "bench_cli/run_command.py; 0, 1, 3 and the signals' codes above come from its "
+        "`exit_code()`, called on summaries of each kind (2 is the commands' `typer.Exit(2)` on "
+        "bad input). A signal gives 128 + its number, the shell's convention.\n\n"
         f"## bench gate\n\n{gate}"
     )
     intro = "What each exit status of `bench` means, and what to change."
