@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo lint format bench clean
+.PHONY: setup test demo docs lint format bench clean
 
 setup: $(STAMP)
 
@@ -24,6 +24,11 @@ test: setup
 demo: setup
 	$(BIN)/bench run --explain
 
+# Regenerate the reference pages from the code, then build the site offline into site/.
+docs: setup
+	$(BIN)/python -m scripts.gen_docs docs/reference
+	$(BIN)/mkdocs build --strict
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -36,4 +41,4 @@ bench: setup
 	$(BIN)/python benchmarks/engine_throughput.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

@@ -157,7 +157,11 @@ def throughput_figure(
     axes: dict[str, list[str]] = {}  # axis title -> columns drawn on it
     if timeline is not None:
         for col in timeline.columns:
-            if col != "t_s" and not col.endswith("_total_mb") and timeline[col].notna().any():
+            # a series zero (or missing) for the whole run, as the spec-decode counters of a
+            # run without speculation, is no data: no panel, no legend entry (the live view
+            # hides the same rows)
+            drawn = timeline[col].fillna(0).ne(0).any()
+            if col != "t_s" and not col.endswith("_total_mb") and drawn:
                 axes.setdefault(signal(col).axis, []).append(col)
     # nothing finished: no token or in-flight panel to draw, only the telemetry
     titles = ["output tokens/s", "requests in flight"] if ok else []

@@ -1,7 +1,7 @@
 """Keep freed activation buffers in glibc's heap instead of handing them back to the OS.
 
 With glibc's defaults each multi-MB activation of a step is a fresh mmap, so every step
-pays page faults on all of it (README, "Measured design choices", has the figures). It only
+pays page faults on all of it (figures: docs/results/2026-12-04-cpu-design-choices.md). It only
 helps when set before torch allocates (set from LLMEngine.__init__ it did nothing), hence at
 `import engine`. vLLM's CPU guide gets the same effect by preloading tcmalloc.
 

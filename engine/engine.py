@@ -63,8 +63,8 @@ def cpu_has_native_bf16() -> bool:
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
     """'auto' is bfloat16 on CUDA and on CPUs with native bf16 math, float32 on the others,
-    where bf16 matmuls fall back to a path hundreds of times slower (README, "Measured design
-    choices")."""
+    where bf16 matmuls fall back to a path hundreds of times slower
+    (docs/results/2026-12-04-cpu-design-choices.md)."""
     if dtype != "auto":
         return dtype
     return "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"
@@ -508,23 +508,23 @@ class LLMEngine:
         """One step log line, after the step: the queues and KV as it left them."""
         assert self._step_log is not None
         line = {
-            "t": t0,
-            "dur_s": dur,
+            "t": t0,  # start, s on perf_counter's clock (virtual when simulated)
+            "dur_s": dur,  # the step's time, s
             **shape.as_dict(),  # prefill/decode tokens, seqs, context, ... (cost.py)
-            "running": len(self.scheduler.running),
-            "waiting": self.num_waiting,
+            "running": len(self.scheduler.running),  # requests in the batch after the step
+            "waiting": self.num_waiting,  # added and not running (preempted ones included)
             "kv_blocks_used": self.kv.num_used_blocks,
-            "preempted": preempted,
+            "preempted": preempted,  # requests preempted in this step (recomputed later)
             "cached_tokens": cached_tokens,  # admitted from the prefix cache, not computed
-            "prefix_cache_hit_rate": self._hit_rate(),
+            "prefix_cache_hit_rate": self._hit_rate(),  # cached / queried tokens so far
             # KV stored for the running batch: computed tokens summed over requests, so
             # blocks shared (n > 1 siblings' prompt, prefix-cache hits) count once per user
             # and can push kv_tokens past kv_blocks_used * block_size.
             "kv_tokens": kv_tokens,
-            "queue_s": queue_s or [],
+            "queue_s": queue_s or [],  # arrival-to-first-schedule of each request it started
             # Speculative decoding: draft tokens verified, and of those accepted.
             "draft_tokens": draft_tokens,
-            "accepted_tokens": accepted_tokens,
+            "accepted_tokens": accepted_tokens,  # of draft_tokens
             # Tensor parallelism: rank 0's time in all-reduces during the step.
             "allreduce_s": allreduce_s,
             # Model FLOPs and bytes moved (engine/model/cost.py): utilization per step.
@@ -642,7 +642,7 @@ class LLMEngine:
             * token_bytes,
             "prefix_cache_queries": self.kv.prefix_queries,
             "prefix_cache_hits": self.kv.prefix_hits,
-            "prefix_cache_hit_rate": self._hit_rate(),
+            "prefix_cache_hit_rate": self._hit_rate(),  # cached / queried tokens so far
             "kv_blocks_cached": len(self.kv.pool.cached),
             # Block copies that sharing saves now and at most (siblings, cache hits): those
             # held + these = what requests not sharing would hold.

@@ -30,6 +30,19 @@ DEFINITIONS = {
     "goodput": "completed requests per second that met every SLO (DistServe), TTFT and E2E "
     "judged with the queue wait included",
     "request_throughput": "completed requests / duration",
+    "output_throughput": "output tokens of the completed requests / duration",
+    "total_token_throughput": "(prompt + output) tokens of the completed requests / duration",
+    "completed": "requests that ended with a full answer (warm-up requests not counted)",
+    "failed": "requests that ended in an error (HTTP status, timeout, broken or aborted stream)",
+    "cancelled": "requests in flight when the run was interrupted",
+    "total_input_tokens": "prompt tokens of the completed requests (the server's usage, else "
+    "our tokenizer)",
+    "total_cached_tokens": "of those, served from the server's prefix cache (its usage's "
+    "prompt_tokens_details.cached_tokens; null where it does not report them)",
+    "total_output_tokens": "output tokens of the completed requests",
+    "max_p99_lag_s": "the p99 schedule lag above which a run is INVALID (--max-p99-lag-ms)",
+    "valid": "false when the p99 schedule lag exceeded max_p99_lag_s: the load offered was not "
+    "the load asked for",
     "duration": "first scheduled send to the end of the last request",
     "peak_output_throughput": "most output tokens stamped (by their chunk's time) in one 1-s "
     "window counted from the first send (vLLM's max_output_tokens_per_s; vLLM counts a chunk "

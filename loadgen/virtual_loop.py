@@ -61,9 +61,9 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 def without_cyclic_gc() -> Iterator[None]:
     """No automatic cyclic collection while a simulated run plans, runs and reports. An hour
     makes ~50 million long-lived containers (prompts, token lists, records, token times) and
-    every young collection walks each of them once more: 7.4 s of a 138-s hour even at
-    thresholds (50000, 20, 100), 12 % of a run at Python's default. The run makes no cyclic
-    garbage of note: the hour peaks at 4.378 GB with collection or without (2026-12-05)."""
+    every young collection walks each of them once more. The run makes no cyclic garbage of
+    note: its peak memory is the same with collection or without. Figures:
+    docs/results/2026-12-05-sim-speed.md."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:

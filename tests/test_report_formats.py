@@ -61,3 +61,24 @@ def test_run_report_axes_and_table_print_whole_numbers(tmp_path: Path) -> None:
     assert ">2,110<" in head and "e+03" not in head and "-0.00" not in head
     assert '"tickformat":",~f"' in page.replace(" ", "")  # plotly ticks: 2,110 not 2.11k
     assert '"hoverformat":",.6~g"' in page.replace(" ", "")
+
+
+def test_telemetry_series_zero_for_the_whole_run_are_left_out() -> None:
+    """A run without speculation scrapes spec-decode counters that stay 0: no legend entry,
+    no panel (the live view hides the same rows)."""
+    import pandas as pd
+
+    timeline = pd.DataFrame(
+        {
+            "t_s": [0.0, 0.1, 0.2],
+            "server_cpu_percent": [50.0, 80.0, 0.0],
+            "engine_waiting": [0.0, 2.0, 0.0],
+            "engine_spec_drafts": [0.0, 0.0, 0.0],
+            "engine_spec_accepted_tokens": [float("nan"), 0.0, float("nan")],
+        }
+    )
+    fig = throughput_figure(_one_token_records(), timeline)
+    names = [t.name for t in fig.data]
+    assert "server CPU (% (100 = one core))" in names and "engine waiting (requests)" in names
+    assert not [n for n in names if "spec" in n]
+    assert not [t for t in _titles(fig) if "spec" in t]

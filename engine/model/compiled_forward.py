@@ -8,20 +8,21 @@
   or `packed_linear`). Five layers to a graph rather than one: each call of a compiled
   function paid dynamo's guards and AOT's wrappers (~0.1 ms here), which at one sequence was
   ~3 ms of a ~30 ms SmolLM2 step; ten layers a graph measured no faster, and the whole model
-  as one graph compiled ~6x longer (README, "Measured design choices"). Calls after the
-  first of each kind now skip dynamo (engine/model/direct_graph.py).
+  as one graph compiled ~6x longer (docs/results/2026-12-04-cpu-design-choices.md).
+  Calls after the first of each kind now skip dynamo (engine/model/direct_graph.py).
 - step: any other step (prefill chunks, alone or beside decodes) runs each layer with its
   attention as an opaque op, `servebench::paged_attention`, which takes the step's metadata and
   the layer's cache from the step being computed (as vLLM's attention op reads its forward
   context): the graph runs up to it and on after it, and inductor fuses what is on either side.
 
 Eagerly, a decode step at a few sequences spent about as long in those small ops and their
-Python dispatch as in the linears (`bench profile`; figures in the README). Sizes are dynamic
-(tokens, sequences, blocks per sequence, pool size), so nothing is padded. Tokens, sequences
-and blocks are marked unbacked: dynamo would otherwise specialize a size of 1 and compile
-again for one sequence or one block, mid-run, where the first prompt shorter than a block
-came. `warm_up` compiles at engine start and checks each compiled kind against the eager
-model; a machine that cannot compile stays eager."""
+Python dispatch as in the linears (`bench profile`; figures: docs/results/2026-12-04-cpu-
+design-choices.md). Sizes are dynamic (tokens, sequences, blocks per sequence, pool size),
+so nothing is padded. Tokens, sequences and blocks are marked unbacked: dynamo would
+otherwise specialize a size of 1 and compile again for one sequence or one block, mid-run,
+where the first prompt shorter than a block came. `warm_up` compiles at engine start and
+checks each compiled kind against the eager model; a machine that cannot compile stays
+eager."""
 
 from __future__ import annotations
 

@@ -221,7 +221,7 @@ class LlamaForCausalLM(nn.Module):
             return torch.ops.servebench.linear_rows(hidden, w)  # W as it is (cpu_kernels.cpp)
         if cpu and rows <= 64:
             # The same product as W @ h.T, transposed: CPU BLAS streams the 49k-row vocabulary
-            # matrix faster this way at few rows (README, "Measured design choices").
+            # matrix faster this way at few rows (docs/results/2026-12-04-cpu-design-choices.md).
             return (w @ hidden.t()).t()
         return self.lm_head(hidden)
 

@@ -37,8 +37,8 @@ def decode_attention(
     """Indexed by whole blocks, so the generated loops read a block-table entry once per
     block, not per key; softmax is normalized after the weighted sum, not per key; and the
     weighted sum of V is taken per block first (a 4 KB block stays in L1 while all of its
-    outputs are summed), then over blocks. Each step was measured (README, "Measured design
-    choices")."""
+    outputs are summed), then over blocks. Each step was measured:
+    docs/results/2026-12-04-cpu-design-choices.md."""
     heads = k_cache.shape[0]
     b, nb = block_tables.shape
     head = torch.arange(heads, device=q.device)[:, None, None]

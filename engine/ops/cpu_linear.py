@@ -1,15 +1,14 @@
 """Linear layers for CPU inference with the weight re-laid out once, at load: for this
 project's kernel (cpu_kernels.cpp) where it can be built, else for oneDNN.
 
-cpu_kernels.cpp's `servebench::linear` holds the weight in blocks of 16 output rows, each k's
-16 weights adjacent, and computes 6 rows of x per pass with x broadcast: at one row it streams
-the weights at memory speed, at many it is bound by FMAs. Measured here (README, "Measured
-design choices") it beat oneDNN's packed product at every row count from 1 to 1024 (1.3-1.5x
-at 1-64 rows: oneDNN pays ~30 us a call before it starts, 121 calls a decode step on SmolLM2,
-and streamed 15-18 GB/s where a sum reads 26-30; 1.1-1.2x at 256-1024), beat MKL by more, and
-tied MKL at 2048. It is a C++ op, so compiled graphs call it without Python, and keeps no
-state per shape. Where cpu_kernels.py cannot build it (or `SERVEBENCH_CPU_KERNELS=0`) the
-engine uses oneDNN as below.
+cpu_kernels.cpp's `servebench::linear` holds the weight in blocks of 16 output rows, each
+k's 16 weights adjacent, and computes 6 rows of x per pass with x broadcast: at one row it
+streams the weights at memory speed, at many it is bound by FMAs. Measured here it beat
+oneDNN's packed product at every row count from 1 to 1024 (oneDNN pays a fixed cost a call
+before it starts, and a decode step makes ~120 calls), beat MKL by more, and tied MKL at
+2048 (docs/results/2026-12-04-cpu-design-choices.md). It is a C++ op, so compiled graphs
+call it without Python, and keeps no state per shape. Where cpu_kernels.py cannot build it
+(or `SERVEBENCH_CPU_KERNELS=0`) the engine uses oneDNN as below.
 
 `F.linear` on CPU calls MKL's sgemm, which repacks the weight into its kernel's layout on
 every call: for decode-sized inputs (a few dozen rows) that repacking costs about as much as
@@ -18,7 +17,7 @@ the op torch's inductor uses when it freezes a CPU model; vLLM's CPU backend pre
 weights with oneDNN the same way). MKL's kernel is the better one for big prefill chunks,
 so from `MKL_MIN_ROWS` rows the weight is unpacked for MKL, which costs little beside the
 product. Only float32: the bf16 path was not measured on a CPU with native bf16. Figures:
-README, "Measured design choices".
+docs/results/2026-12-04-cpu-design-choices.md.
 
 `SERVEBENCH_ONEDNN=0` keeps plain `nn.Linear`."""
 
@@ -33,7 +32,7 @@ from torch import nn
 from engine.ops import cpu_kernels
 from engine.ops.fp8 import FP16_FROM_FP8_FACTOR, Fp8Linear
 
-MKL_MIN_ROWS = 1024  # where MKL's kernel starts to win over oneDNN (measured: README)
+MKL_MIN_ROWS = 1024  # where MKL's kernel starts to win over oneDNN (measured: docs/results/)
 BLOCK = 16  # cpu_kernels.cpp's NB: output rows per block of its weight layout
 
 

@@ -35,7 +35,7 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 # e4m3 -> float16 by moving bits: e4m3's 7 exponent+mantissa bits, shifted left by 7, are a
 # float16 whose exponent bias is 8 too small, so the value is 2**-8 of the fp8 one; subnormals
 # come out right too. Exact for all 254 finite codes (tested), and much faster on CPU than
-# torch's own fp8 -> float cast (README, "Measured design choices").
+# torch's own fp8 -> float cast (docs/results/2026-12-04-cpu-design-choices.md).
 FP16_FROM_FP8_FACTOR = 256.0
 _SIGN_AND_LOW_BITS = -16512  # int16 0xBF80: keep the sign (bit 15) and bits 13..7
 

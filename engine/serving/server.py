@@ -96,6 +96,7 @@ def check_capacity(request: web.Request, num_prompts: int, n: int) -> None:
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
+    """OpenAI completions: `prompt` (text, texts or token ids), streamed as SSE or whole."""
     state = request.app[STATE_KEY]
     body = await read_json(request)
     check_model(state, body)
@@ -104,6 +105,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
+    """OpenAI chat completions: `messages` through the model's chat template."""
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
     body = await read_json(request)
     check_model(state, body)
@@ -205,6 +207,7 @@ def raise_context(n_prompt: int, max_tokens: int, max_len: int) -> None:
 
 
 async def health(request: web.Request) -> web.Response:
+    """200 once the engine is ready (what `bench run` waits for); no API key needed."""
     return web.json_response({"status": "ok"})
 
 
@@ -239,6 +242,7 @@ async def engine_config(request: web.Request) -> web.Response:
 
 
 async def models(request: web.Request) -> web.Response:
+    """The one served model (`--served-model-name`, else the model's name), as OpenAI lists."""
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
     return web.json_response(
         {
@@ -257,6 +261,7 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text: the engine's gauges, counters and histograms (docs/reference)."""
     engine, state = request.app[ENGINE_KEY], request.app[STATE_KEY]
     s = engine.stats
     per_pos = s["spec_decode_num_accepted_tokens_per_pos"]

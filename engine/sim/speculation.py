@@ -83,7 +83,8 @@ class DraftShare:
     several (0.1,0.9,1.0,...), of which each request takes one, always the same for it. An
     n-gram proposer finds drafts in the requests whose reply repeats their prompt, not evenly:
     one share makes every request about equally fast; per-request shares measured on a real
-    run (`per_request_shares`) keep its spread of tokens a step (README: how close each came)."""
+    run (`per_request_shares`) keep its spread of tokens a step (how close each came:
+    docs/results/2026-12-05-sim-accuracy.md)."""
 
     shares: tuple[float, ...] = (1.0,)
 
