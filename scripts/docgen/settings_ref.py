@@ -1,10 +1,10 @@
 """Engine settings from `EngineConfig` and its parts (one home for each setting: its field's
-type, default and the comments beside it), with the `bench serve` flag that sets it; and the
+type, default, help and the comments beside it), with the `bench serve` flag that sets it
+(generated from the same field: bench_cli/engine_options.py); and the
 bundled profiles (profiles/*.toml) with their leading comments."""
 
 from __future__ import annotations
 
-import dataclasses
 import tomllib
 from pathlib import Path
 
@@ -12,7 +12,7 @@ import typer.main
 from typer._click.core import Context
 
 from bench_cli.app import app
-from engine.config import CacheConfig, EngineConfig, SchedulerConfig
+from engine.config import ENGINE_SETTINGS, CacheConfig, EngineConfig, SchedulerConfig
 from scripts.docgen.markdown import code, page, table
 from scripts.docgen.source import field_comments
 
@@ -38,17 +38,15 @@ def settings_page() -> str:
     for cls, key, what in parts:
         comments = field_comments(cls)
         rows = []
-        for f in dataclasses.fields(cls):
-            if f.name in ("cache", "scheduler"):
-                continue
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            flag, flag_help = flags.get(f.name, ("-", ""))
-            flag_text = f"{code(flag)}: {flag_help}" if flag_help else code(flag)
-            rows.append((code(f.name), code(repr(default)), comments.get(f.name, ""), flag_text))
+        for spec in (s for s in ENGINE_SETTINGS.values() if s.section == key):
+            flag = flags.get(spec.name, ("-", ""))[0]
+            meaning = ". ".join(t for t in (spec.help, comments.get(spec.name, "")) if t)
+            choices = " | ".join(repr(c) for c in spec.choices)
+            rows.append((code(spec.name), code(repr(spec.default)), choices, meaning, code(flag)))
         doc = f" (recorded under `engine.{key}`)" if key != "engine" else ""
         sections.append(
             f"## {key}\n\n{what}{doc}\n\n"
-            + table(["setting", "default", "meaning (engine/config.py)", "flag: its help"], rows)
+            + table(["setting", "default", "choices", "meaning (engine/config.py)", "flag"], rows)
         )
     intro = (
         "Every engine setting, from the dataclasses in engine/config.py. The same name is an "
