@@ -124,11 +124,42 @@ class Ramp:
 
 
 def _gamma_cdf(x: np.ndarray, shape: float, rate: float) -> np.ndarray:
-    import torch  # regularized lower incomplete gamma: no scipy in our dependencies
+    z = np.maximum(np.asarray(x, dtype=np.float64), 0.0) * rate
+    return np.array([gammainc(shape, float(v)) for v in z])
 
-    a = torch.full((len(x),), shape, dtype=torch.float64)
-    z = torch.as_tensor(np.maximum(x, 0.0) * rate, dtype=torch.float64)
-    return torch.special.gammainc(a, z).numpy()
+
+def gammainc(a: float, x: float) -> float:
+    """The regularized lower incomplete gamma P(a, x): the series below a + 1, a continued
+    fraction (modified Lentz) above, as Numerical Recipes (6.2) gives them; written here
+    because the load generator needs no scipy or torch for its arrival check."""
+    if x <= 0.0:
+        return 0.0
+    log_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1.0:
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > abs(total) * 1e-15:
+            n += 1.0
+            term *= x / n
+            total += term
+        return min(1.0, total * math.exp(log_front))
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    h = d
+    for i in range(1, 10_000):
+        an = -i * (i - a)
+        b += 2.0
+        d = an * d + b
+        d = tiny if abs(d) < tiny else d
+        c = b + an / c
+        c = tiny if abs(c) < tiny else c
+        d = 1.0 / d
+        delta = d * c
+        h *= delta
+        if abs(delta - 1.0) < 1e-15:
+            break
+    return max(0.0, 1.0 - math.exp(log_front) * h)
 
 
 def take_schedule(

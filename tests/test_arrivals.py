@@ -161,6 +161,21 @@ def test_gamma_cdf_median_of_samples_is_one_half(burstiness: float) -> None:
     assert cdf(np.array([-1.0, 0.0]))[0] == 0.0
 
 
+def test_the_incomplete_gamma_matches_torchs() -> None:
+    """The load generator's own P(a, x) (it needs no torch) against torch.special.gammainc,
+    across the series and continued-fraction sides and shapes from very bursty to regular."""
+    import torch
+
+    from loadgen.arrivals import gammainc
+
+    shapes = [0.05, 0.25, 1.0, 4.0, 30.0, 200.0]
+    xs = [1e-6, 0.01, 0.3, 1.0, 2.5, 5.0, 20.0, 150.0, 400.0]
+    ours = np.array([[gammainc(a, x) for x in xs] for a in shapes])
+    a = torch.tensor(shapes, dtype=torch.float64)[:, None].expand(-1, len(xs))
+    x = torch.tensor(xs, dtype=torch.float64)[None, :].expand(len(shapes), -1)
+    np.testing.assert_allclose(ours, torch.special.gammainc(a, x).numpy(), atol=1e-12)
+
+
 # ---- constant and trace -----------------------------------------------------------------------
 
 
