@@ -50,6 +50,7 @@ from bench_cli.sweep_rates import (
 )
 from bench_cli.sweep_table import invalid, print_comparison
 from bench_cli.sweep_verdict import print_verdict
+from bench_cli.sweep_verdict import slo_target_of as target_of
 from bench_cli.vllm_json import check_vllm_json_path
 from loadgen.config import RunConfig
 from loadgen.redact import redact_settings
@@ -254,11 +255,13 @@ def run_sweep(
     rates: str | None = None,
     serve: ServeCommand | None = None,
     search: str | None = None,
+    target: float | None = None,
 ) -> int:
+    """`target`: --slo-target, the share of requests in SLO that makes a load served."""
     with raising_on_signals():
         try:
             return _run_sweep(
-                profile, flags, repeat, resume, dashboard, console, rates, serve, search
+                profile, flags, repeat, resume, dashboard, console, rates, serve, search, target
             )
         except Interrupted as e:  # outside a point's load (which handles signals itself)
             console.print(
@@ -277,6 +280,7 @@ def _run_sweep(
     rates: str | None = None,
     serve: ServeCommand | None = None,
     search: str | None = None,
+    target: float | None = None,
 ) -> int:
     import pandas as pd
 
@@ -286,6 +290,7 @@ def _run_sweep(
     try:
         spec = RateSpec.parse(rates) if rates is not None else None
         found_by = SearchSpec.parse(search) if search is not None else None
+        check_slo_target(target)
         base, axes = load_sweep(profile, required=spec is None and found_by is None)
         if found_by is not None and (spec is not None or set(axes) & set(LOAD_AXES)):
             raise ValueError("--slo-search finds the rate itself: no --rates, no sweep.rate")
@@ -299,6 +304,8 @@ def _run_sweep(
             plan["serve"] = serve.record()
         if found_by is not None:
             plan["slo_search"] = search
+        if target is not None:
+            plan["slo_target"] = target
         auto = spec.auto if spec is not None else None
         anchors = None
         if spec is not None:
@@ -316,11 +323,11 @@ def _run_sweep(
         planned = auto_axes(axes, [1.0] * (auto - 2)) if auto and not anchors else plan["axes"]
         if found_by is not None:  # the rates come later: check the settings at LO
             planned = planned | {"rate": [found_by.low]}
-            if (
-                resolve_config(base, _check_flags(flags, grid(planned)[0], sweep_dir, serve)).slo
-                is None
-            ):
-                raise ValueError('--slo-search needs an SLO: the profile\'s slo = "ttft=..."')
+        if found_by is not None or target is not None:
+            first = resolve_config(base, _check_flags(flags, grid(planned)[0], sweep_dir, serve))
+            if first.slo is None:
+                given = "--slo-search" if found_by is not None else "--slo-target"
+                raise ValueError(f'{given} needs an SLO: the profile\'s slo = "ttft=..."')
         if serve is not None:  # before anything starts: every key reaches the server or load
             serve.check(grid(planned), RUN_KEYS)
         for point in grid(planned):  # every point's config must resolve before the first runs
@@ -347,7 +354,9 @@ def _run_sweep(
         from bench_cli.sweep_search import run_search
 
         save = functools.partial(_write_csv, sweep_dir, rows, pd)
-        code = run_search(sweep.point_row, found_by, axes, rows, save, console, sweep_dir)
+        code = run_search(
+            sweep.point_row, found_by, axes, rows, save, console, sweep_dir, target_of(plan)
+        )
         if code is not None:
             return code
         axes = axes | {"rate": sorted({r["rate"] for r in rows})}
@@ -357,7 +366,8 @@ def _run_sweep(
             return row
         rows.append(row)
         _write_csv(sweep_dir, rows, pd)
-    print_comparison(console, rows, list(axes), [a for a in axes if a in LOAD_AXES])
+    load_axes = [a for a in axes if a in LOAD_AXES]
+    print_comparison(console, rows, list(axes), load_axes, target_of(plan))
     print_verdict(console, rows, list(axes), plan)
     from bench_cli.report import sweep_report
 
@@ -411,6 +421,12 @@ def _find_anchors(
             highlight=False,
         )
     return found
+
+
+def check_slo_target(target: float | None) -> None:
+    """--slo-target is a share of requests: 0 < x <= 1 (0.9: 90 % of requests in SLO)."""
+    if target is not None and not 0 < target <= 1:
+        raise ValueError(f"--slo-target {target}: give a share of requests, 0 < x <= 1 (0.9)")
 
 
 def _counted(base: dict[str, Any], flags: dict[str, Any]) -> bool:

@@ -83,9 +83,8 @@ def test_a_settings_only_sweep_names_the_best_setting_without_a_load() -> None:
 
 
 def test_a_load_only_sweep_has_no_best_setting_but_its_knee_and_peak() -> None:
-    rows = [
-        r | {"slo_attainment": a} for r, a in zip(_one(_rows(), batching="continuous"), (0.95, 0.5))
-    ]
+    kept = _one(_rows(), batching="continuous")  # rates 4 and 16
+    rows = [r | {"slo_attainment": a} for r, a in zip(kept, (0.95, 0.5), strict=True)]
     for r in rows:
         del r["batching"]
     lines = verdict_lines(rows, ["rate"], "rate", "ttft=1")
