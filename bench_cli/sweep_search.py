@@ -116,7 +116,7 @@ def run_search(
     sweep_dir: Path,
     target: float = SLO_ATTAINMENT,
 ) -> int | None:
-    """Bisect each setting's rate, `point_row` running each point (bench_cli.sweep's
+    """Bisect each setting's rate, `point_row` running each point (bench_cli.sweep_point's
     Sweep.point_row), appending its row and saving sweep.csv after each; an exit code when a
     point could not finish."""
     settings = grid(axes) if axes else [SweepPoint(0, {}, {})]

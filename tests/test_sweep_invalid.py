@@ -12,8 +12,8 @@ import pandas as pd
 from rich.console import Console
 
 from bench_cli.report import sweep_report
-from bench_cli.sweep import aggregate
 from bench_cli.sweep_grid import grid
+from bench_cli.sweep_row import aggregate
 from bench_cli.sweep_table import knee, print_comparison
 from tests.test_report import AXES, _sweep_table
 from tests.test_sweep_gate import _summary
