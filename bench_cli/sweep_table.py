@@ -175,7 +175,14 @@ def knee(members: list[dict[str, Any]], load: str, target: float = SLO_ATTAINMEN
     mark = " (INVALID)" if any(invalid(m) for m in tested if m[load] == highest) else ""
     if len(served) == len(tested):
         return f"not reached up to {highest}{mark}{doubt}"
+    below = [m[load] for m in tested if m[load] not in served and _lighter(m[load], highest)]
+    if below and not doubt:  # "served up to here" would be untrue, if within noise
+        doubt = f" (not served at {load}={', '.join(map(str, below))} below it)"
     return f"{highest}{mark}{doubt}"
+
+
+def _lighter(value: Any, than: Any) -> bool:
+    return load_order(value) < load_order(than)
 
 
 def attainment_rise(members: list[dict[str, Any]], load: str) -> str | None:

@@ -23,6 +23,7 @@ class Line:
     best: str | None  # the setting, None when no valid point
     metric: str  # what "best" means
     text: str  # the sentence
+    rivals: int = 1  # valid settings it was compared with there
 
 
 def slo_of(plan: dict[str, Any]) -> str | None:
@@ -102,6 +103,8 @@ def verdict_lines(
         best = valid[0]
         if len(valid) == 1:
             text = f"{at}{name(best)}, the only valid setting{skipped}"
+            lines.append(Line(where, name(best), what, text, rivals=0))
+            continue
         else:
             other = valid[1]
             gain = (best[key] / other[key] - 1) * 100 if other[key] else float("inf")
@@ -119,6 +122,21 @@ def verdict_lines(
         text = f"highest {load} with {target:.0%} of requests in SLO: {knees}"
         lines.append(Line("knee", None, "SLO knee", text))
     return lines
+
+
+def headline(lines: list[Line]) -> str | None:
+    """One setting best at every load (the answer in a sentence), or that it depends on the
+    load; None where no line names a best setting."""
+    chosen = [line for line in lines if line.metric != "SLO knee"]
+    named = [line.best for line in chosen]
+    if not named or any(b is None for b in named):
+        return None
+    if len(set(named)) == 1:
+        every = " at every load tested" if len(named) > 1 else ""
+        if alone := [line.load for line in chosen if not line.rivals]:
+            every += f" ({', '.join(alone)}: the only valid setting)"
+        return f"best{every}: {named[0]} (by {lines[0].metric})"
+    return "the best setting depends on the load: see each line"
 
 
 def _ranked(members: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
@@ -181,6 +199,8 @@ def verdict_html(rows: list[dict[str, Any]], axes: list[str], load: str | None, 
         else ("no SLO given (--slo / slo = ...): best means most output tok/s")
     )
     items = "".join(f"<li>{html.escape(line.text)}</li>" for line in lines)
+    if answer := headline(lines):
+        items = f"<li><b>{html.escape(answer)}</b></li>" + items
     return (
         "<div style='border:2px solid #333;padding:8px 14px;margin:8px 0'>"
         "<h2 style='margin:4px 0'>Verdict</h2>"
@@ -199,5 +219,8 @@ def print_verdict(
     console.print(escape(f"workload: {workload_text(plan)}"), highlight=False)
     if slo:
         console.print(escape(f'"in SLO": share of requests sent that met every bound of {slo}'))
-    for line in verdict_lines(rows, axes, load, slo, target):
+    lines = verdict_lines(rows, axes, load, slo, target)
+    if answer := headline(lines):
+        console.print(escape(f"verdict: {answer}"), highlight=False)
+    for line in lines:
         console.print(escape(f"verdict {line.text}"), highlight=False)

@@ -80,3 +80,13 @@ def test_a_knee_over_attainment_that_rises_with_the_load_is_doubtful() -> None:
     assert knee([row(1, 0.95), row(2, 0.5, **spread), row(4, 0.85, **spread)], "rate") == "1"
     tight = {"slo_attainment.ci95": 0.01}
     assert "DOUBTFUL" in knee([row(2, 0.5, **tight), row(4, 0.95, **tight)], "rate")
+
+
+def test_a_knee_above_a_load_that_was_not_served_says_so() -> None:
+    def row(rate: float, attainment: float) -> dict[str, Any]:
+        return {"rate": rate, "slo_attainment": attainment, "completed": 12, "failed": 0}
+
+    # 12 requests a point: 75 % then 92 % is within noise, but "served up to 20" is untrue
+    assert knee([row(5, 0.75), row(20, 0.92), row(40, 0.3)], "rate") == (
+        "20 (not served at rate=5 below it)"
+    )

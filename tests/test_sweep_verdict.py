@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench_cli.report import sweep_report
-from bench_cli.sweep_verdict import verdict_lines, workload_text
+from bench_cli.sweep_verdict import headline, verdict_lines, workload_text
 from tests.test_report import AXES, _sweep_table
 
 PLAN = {
@@ -130,3 +130,24 @@ def test_the_slo_target_sets_the_knee_in_the_verdict() -> None:
     assert "not reached up to 16" in knee80
     knee95 = verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1", target=0.95)[-1].text
     assert "batching=continuous: none" in knee95
+
+
+def test_the_verdict_opens_with_the_answer_in_one_sentence(tmp_path: Path) -> None:
+    lines = verdict_lines(_rows(), ["batching", "rate"], "rate", "ttft=1")
+    assert headline(lines) == (
+        "best at every load tested: batching=continuous (by goodput (req/s in SLO))"
+    )
+    rows = _rows()
+    _one(rows, batching="static", rate=16)[0]["goodput"] = 100.0  # static wins at rate 16
+    mixed = verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1")
+    assert headline(mixed) == "the best setting depends on the load: see each line"
+    rows = _rows()
+    _one(rows, batching="static", rate=4)[0]["invalid_runs"] = 1  # the rival left out there
+    alone = headline(verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1"))
+    assert alone is not None and "(rate=4: the only valid setting)" in alone, alone
+    loads_only = verdict_lines(_one(_rows(), batching="static"), ["batching", "rate"], "rate", None)
+    assert headline(loads_only) is None  # nothing was chosen
+    pd.DataFrame(_rows(slo=True)).to_csv(tmp_path / "sweep.csv", index=False)
+    (tmp_path / "sweep.json").write_text(json.dumps(PLAN))
+    page = sweep_report(tmp_path, embed=False).read_text()
+    assert page.index("<b>best at every load tested") < page.index("at rate=4:")
