@@ -424,8 +424,16 @@ def sweep(
     slo_search: Annotated[
         str | None,
         Opt(
-            help="LO:HI[:STEPS]: per setting, the highest rate with 90% of requests in the "
-            "profile's SLO, by bisection between LO and HI req/s (STEPS midpoints, default 5)"
+            help="LO:HI[:STEPS]: per setting, the highest rate with --slo-target of requests "
+            "in the profile's SLO, by bisection between LO and HI req/s (STEPS midpoints, "
+            "default 5)"
+        ),
+    ] = None,
+    slo_target: Annotated[
+        float | None,
+        Opt(
+            help="share of requests in SLO that makes a load served, 0 < x <= 1 (default 0.9): "
+            "the SLO knee, --slo-search and the verdict use it"
         ),
     ] = None,
     serve_cmd: Annotated[
@@ -507,6 +515,7 @@ def sweep(
         rates,
         serve,
         slo_search,
+        slo_target,
     )
     raise typer.Exit(code)
 

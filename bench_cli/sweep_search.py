@@ -1,7 +1,9 @@
 """`bench sweep --slo-search LO:HI[:STEPS]`: for each setting, the highest request rate whose
-SLO attainment stays at 90 % or more (the knee of bench_cli.sweep_table), found by bisection on
-the rate instead of a fixed grid of rates: HI first (served: the knee lies beyond it), then LO
-(not served: none), then STEPS midpoints. Every run is an ordinary sweep point in sweep.csv."""
+SLO attainment stays at the target (--slo-target, 90 % by default) or more (the knee of
+bench_cli.sweep_table), found by bisection on the rate instead of a fixed grid of rates: HI
+first (served: the knee lies beyond it), then LO (not served: none), then STEPS midpoints.
+Every run is an ordinary sweep point in sweep.csv. Bisection assumes the share in SLO falls as
+the rate rises: where the runs show it rising beyond noise, the answer is marked DOUBTFUL."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from rich.console import Console
 
 from bench_cli.export import write_json
 from bench_cli.sweep_grid import SweepPoint, grid
-from bench_cli.sweep_table import SLO_ATTAINMENT
+from bench_cli.sweep_table import SLO_ATTAINMENT, attainment_rise
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +47,15 @@ class SearchResult:
     served: float | None  # the highest rate tested that met the target
     failed: float | None  # the lowest rate tested above it that did not
     tested: list[tuple[float, float | None]] = field(default_factory=list)  # (rate, attainment)
+    doubt: str | None = None  # the share in SLO rose with the rate: bisection's premise broke
 
-    def text(self) -> str:
+    def text(self, target: float = SLO_ATTAINMENT) -> str:
+        doubt = f" (DOUBTFUL: {self.doubt})" if self.doubt else ""
         if self.served is None:
-            return f"none: {self.failed:g} req/s already below {SLO_ATTAINMENT:.0%} in SLO"
+            return f"none: {self.failed:g} req/s already below {target:.0%} in SLO{doubt}"
         if self.failed is None:
-            return f"not reached up to {self.served:g} req/s"
-        return f"{self.served:g} req/s ({self.failed:g} req/s was not)"
+            return f"not reached up to {self.served:g} req/s{doubt}"
+        return f"{self.served:g} req/s ({self.failed:g} req/s was not){doubt}"
 
 
 def bisect(
@@ -87,14 +91,16 @@ def bisect(
     return result
 
 
-def search_record(results: dict[str, SearchResult], spec: SearchSpec) -> dict[str, Any]:
+def search_record(
+    results: dict[str, SearchResult], spec: SearchSpec, target: float = SLO_ATTAINMENT
+) -> dict[str, Any]:
     return {
         "low": spec.low,
         "high": spec.high,
         "steps": spec.steps,
-        "target": SLO_ATTAINMENT,
+        "target": target,
         "settings": {
-            name: {"served": r.served, "failed": r.failed, "tested": r.tested}
+            name: {"served": r.served, "failed": r.failed, "tested": r.tested, "doubt": r.doubt}
             for name, r in results.items()
         },
     }
@@ -108,8 +114,9 @@ def run_search(
     save: Callable[[], None],
     console: Console,
     sweep_dir: Path,
+    target: float = SLO_ATTAINMENT,
 ) -> int | None:
-    """Bisect each setting's rate, `point_row` running each point (bench_cli.sweep's
+    """Bisect each setting's rate, `point_row` running each point (bench_cli.sweep_point's
     Sweep.point_row), appending its row and saving sweep.csv after each; an exit code when a
     point could not finish."""
     settings = grid(axes) if axes else [SweepPoint(0, {}, {})]
@@ -120,25 +127,28 @@ def run_search(
     class Stopped(Exception):
         pass
 
-    def attainment_at(setting: SweepPoint, rate: float) -> float | None:
+    def attainment_at(setting: SweepPoint, rate: float, ran: list[dict[str, Any]]) -> float | None:
         values, settings = setting.values | {"rate": rate}, setting.settings | {"rate": rate}
         row = point_row(SweepPoint(len(rows), values, settings), total)
         if isinstance(row, int):
             stop.append(row)
             raise Stopped
         rows.append(row)
+        ran.append(row)
         save()
         return row.get("slo_attainment")
 
     for setting in settings:
-        name = setting.label or "all"
+        name, ran = setting.label or "all", []
         try:
-            results[name] = bisect(lambda r, s=setting: attainment_at(s, r), spec)
+            found = bisect(lambda r, s=setting, ran=ran: attainment_at(s, r, ran), spec, target)
         except Stopped:
             return stop[0]
+        found.doubt = attainment_rise(ran, "rate")
+        results[name] = found
         console.print(
-            f"{name}: highest rate with {SLO_ATTAINMENT:.0%} in SLO: {results[name].text()}",
+            f"{name}: highest rate with {target:.0%} in SLO: {found.text(target)}",
             highlight=False,
         )
-    write_json(sweep_dir / "slo_search.json", search_record(results, spec))
+    write_json(sweep_dir / "slo_search.json", search_record(results, spec, target))
     return None

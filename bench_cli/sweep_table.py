@@ -4,6 +4,7 @@ each column marked, then each setting's SLO knee (the highest load it still serv
 from __future__ import annotations
 
 import math
+import numbers
 from collections import defaultdict
 from typing import Any
 
@@ -31,11 +32,16 @@ COLUMNS = (
     ("accepted", "telemetry.spec_acceptance_rate", True, 100.0, "{:.0f}%"),
     ("tok/draft", "telemetry.spec_mean_acceptance_length", True, 1.0, "{:.2f}"),
 )
-SLO_ATTAINMENT = 0.9  # a load is "served" when 90 % of requests meet every SLO (DistServe)
+# A load is "served" when 90 % of requests meet every SLO (DistServe); --slo-target sets it.
+SLO_ATTAINMENT = 0.9
 
 
 def print_comparison(
-    console: Console, rows: list[dict[str, Any]], axes: list[str], load_axes: list[str]
+    console: Console,
+    rows: list[dict[str, Any]],
+    axes: list[str],
+    load_axes: list[str],
+    target: float = SLO_ATTAINMENT,
 ) -> None:
     settings = [a for a in axes if a not in load_axes]
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
@@ -82,7 +88,7 @@ def print_comparison(
     if bad := [m for m in rows if invalid(m)]:
         console.print(f"[bold red]{INVALID_TEXT.format(len(bad), len(rows))}[/]")
     if load_axes and settings:
-        _print_knees(console, rows, settings, load_axes[0])
+        _print_knees(console, rows, settings, load_axes[0], target)
 
 
 def _cell(m: dict[str, Any], key: str, scale: float, fmt: str) -> str:
@@ -133,35 +139,101 @@ def _best(members: list[dict[str, Any]], key: str, higher: bool) -> dict[str, An
 
 
 def _print_knees(
-    console: Console, rows: list[dict[str, Any]], settings: list[str], load: str
+    console: Console,
+    rows: list[dict[str, Any]],
+    settings: list[str],
+    load: str,
+    target: float = SLO_ATTAINMENT,
 ) -> None:
-    """The highest load each setting served with >= 90 % of requests inside the SLO."""
+    """The highest load each setting served with >= `target` of requests inside the SLO."""
     if all(r.get("slo_attainment") is None for r in rows):
         return
     by_setting: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         by_setting[tuple(r[s] for s in settings)].append(r)
-    table = Table(title=f"SLO knee: highest {load} with {SLO_ATTAINMENT:.0%} in SLO")
+    table = Table(title=f"SLO knee: highest {load} with {target:.0%} in SLO")
     table.add_column(" ".join(settings))
     table.add_column(load, justify="right")
     for setting, members in by_setting.items():
-        table.add_row(" ".join(map(str, setting)), knee(members, load))
+        table.add_row(" ".join(map(str, setting)), knee(members, load, target))
     console.print(table)
 
 
-def knee(members: list[dict[str, Any]], load: str) -> str:
+def knee(members: list[dict[str, Any]], load: str, target: float = SLO_ATTAINMENT) -> str:
     """The highest load served; when every load tested was served the knee lies beyond them,
-    and naming the highest tested as the knee would claim a limit nobody measured."""
+    and naming the highest tested as the knee would claim a limit nobody measured. Where the
+    share in SLO rose with the load beyond noise, the knee is marked DOUBTFUL: the bisection
+    and the reading "served up to here" both assume it falls."""
     tested = [m for m in members if m.get("slo_attainment") is not None]
-    served = [m[load] for m in tested if m["slo_attainment"] >= SLO_ATTAINMENT]
+    served = [m[load] for m in tested if m["slo_attainment"] >= target]
+    rise = attainment_rise(tested, load)
+    doubt = f" (DOUBTFUL: {rise})" if rise else ""
     if not served:
-        return "none"
+        return "none" + doubt
     highest = max(served, key=load_order)
     # a knee read off a point that did not get its load is named, not hidden
     mark = " (INVALID)" if any(invalid(m) for m in tested if m[load] == highest) else ""
     if len(served) == len(tested):
-        return f"not reached up to {highest}{mark}"
-    return f"{highest}{mark}"
+        return f"not reached up to {highest}{mark}{doubt}"
+    below = [m[load] for m in tested if m[load] not in served and _lighter(m[load], highest)]
+    if below and not doubt:  # "served up to here" would be untrue, if within noise
+        doubt = f" (not served at {load}={', '.join(map(str, below))} below it)"
+    return f"{highest}{mark}{doubt}"
+
+
+def _lighter(value: Any, than: Any) -> bool:
+    return load_order(value) < load_order(than)
+
+
+def attainment_rise(members: list[dict[str, Any]], load: str) -> str | None:
+    """Where the share in SLO at a higher load beats that at a lower one by more than noise
+    (as words), else None. Noise: the repeats' 95 % intervals where both rows have them,
+    else a two-proportion z-test at 95 % on the requests sent (a row without counts: any
+    rise counts)."""
+    tested = sorted(
+        (m for m in members if _finite(m.get("slo_attainment"))),
+        key=lambda m: load_order(m[load]),
+    )
+    worst: tuple[float, dict[str, Any], dict[str, Any]] | None = None
+    for i, low in enumerate(tested):
+        for high in tested[i + 1 :]:
+            gain = high["slo_attainment"] - low["slo_attainment"]
+            if gain > 0 and _beyond_noise(low, high) and (worst is None or gain > worst[0]):
+                worst = (gain, low, high)
+    if worst is None:
+        return None
+    _, low, high = worst
+    return (
+        f"in SLO rose with the load, {low['slo_attainment']:.0%} at {load}={low[load]} to "
+        f"{high['slo_attainment']:.0%} at {load}={high[load]}"
+    )
+
+
+def _beyond_noise(low: dict[str, Any], high: dict[str, Any]) -> bool:
+    p1, p2 = low["slo_attainment"], high["slo_attainment"]
+    ci1, ci2 = low.get("slo_attainment.ci95"), high.get("slo_attainment.ci95")
+    if _finite(ci1) and _finite(ci2):
+        return p1 + ci1 < p2 - ci2
+    n1, n2 = _sent(low), _sent(high)
+    if n1 is None or n2 is None:
+        return True
+    pooled = (p1 * n1 + p2 * n2) / (n1 + n2)
+    spread = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+    return p2 - p1 > 1.96 * spread
+
+
+def _sent(row: dict[str, Any]) -> float | None:
+    """Requests sent over the row's runs (completed and failed are means a run)."""
+    done, failed = row.get("completed"), row.get("failed")
+    if not (_finite(done) and _finite(failed)) or done + failed <= 0:
+        return None
+    runs = row.get("runs")
+    return (done + failed) * (runs if _finite(runs) and runs >= 1 else 1)
+
+
+def _finite(value: Any) -> bool:
+    """A real number (numpy's too: rows read back from sweep.csv), not NaN or infinite."""
+    return isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 def load_order(value: Any) -> float:

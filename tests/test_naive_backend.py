@@ -208,8 +208,8 @@ def test_refused_combinations_are_clear_errors(tmp_path: Path, flags: dict, erro
 
 def test_a_sweep_bundle_can_name_the_naive_baseline(tmp_path: Path) -> None:
     from bench_cli.run_command import resolve_config
-    from bench_cli.sweep import _point_flags
     from bench_cli.sweep_grid import grid, load_sweep
+    from bench_cli.sweep_point import point_flags
 
     profile = {
         "name": "claims",
@@ -220,5 +220,5 @@ def test_a_sweep_bundle_can_name_the_naive_baseline(tmp_path: Path) -> None:
         "sweep": {"server": [{"label": "engine"}, {"label": "hf static 8", "naive_batch": 8}]},
     }
     base, axes = load_sweep(profile)
-    engine, naive = (resolve_config(base, _point_flags({}, p, tmp_path)) for p in grid(axes))
+    engine, naive = (resolve_config(base, point_flags({}, p, tmp_path)) for p in grid(axes))
     assert engine.naive_batch is None and naive.naive_batch == 8

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from bench_cli.app import app
 from bench_cli.gate import Limit, check
-from bench_cli.sweep import aggregate, run_sweep, slo_attainment, t975
+from bench_cli.sweep import run_sweep
 from bench_cli.sweep_grid import grid, load_sweep
+from bench_cli.sweep_row import aggregate, slo_attainment, t975
 from bench_cli.sweep_table import knee
 from engine.config import EngineConfig, engine_arg_names
 from loadgen.config import PROFILE_DIR, RunConfig, build_config, load_profile
@@ -515,7 +516,7 @@ def test_every_shipped_profile_builds_valid_runs_and_engine_settings(name: str) 
 
 def test_a_bundle_axis_spreads_its_settings_and_is_named_by_its_label(tmp_path: Path) -> None:
     from bench_cli.report import sweep_report
-    from bench_cli.sweep import _point_flags
+    from bench_cli.sweep_point import point_flags
 
     axes = {
         "prefill": [
@@ -532,7 +533,7 @@ def test_a_bundle_axis_spreads_its_settings_and_is_named_by_its_label(tmp_path: 
         {"prefill": "off", "rate": 1},
     ]
     assert points[4].settings == {"enable_chunked_prefill": False, "rate": 1}
-    flags = _point_flags({"model": "m", "batching": None}, points[4], tmp_path)
+    flags = point_flags({"model": "m", "batching": None}, points[4], tmp_path)
     assert flags["enable_chunked_prefill"] is False and "prefill" not in flags
     assert "max_num_batched_tokens" not in flags
     # the row keeps the label and the bundle's settings; the report plots latency against the

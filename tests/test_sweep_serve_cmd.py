@@ -37,11 +37,12 @@ max_num_seqs = [1, 2]
 """
 
 
-def sweep(tmp: Path, profile: str, serve: ServeCommand, **kw: Any) -> tuple[int, str]:
+def sweep(tmp: Path, profile: str, serve: ServeCommand | None, **kw: Any) -> tuple[int, str]:
     path = tmp / "profile.toml"
     path.write_text(profile)
     buf = io.StringIO()
-    flags = {"base_url": serve.base_url, "model": None, "api_key": None, "name": None}
+    base_url = serve.base_url if serve is not None else None
+    flags = {"base_url": base_url, "model": None, "api_key": None, "name": None}
     flags["out"] = str(tmp / "sweep")
     rc = run_sweep(
         str(path),
@@ -163,3 +164,74 @@ def test_no_child_outlives_an_interrupt_in_any_phase(tmp_path: Path, phase: str)
     finally:
         proc.kill()
         proc.wait()
+
+
+GRID = """
+name = "grid"
+model = "tiny-smollm2"
+num_requests = 4
+warmup = 0
+input_len = "24"
+output_len = "4"
+concurrency = 4
+
+[sweep]
+max_num_seqs = [1, 4]
+max_num_batched_tokens = [16, 64]  # 16: each 24-token prompt in two chunks
+"""
+# what a request's record holds that no timing changes
+SAME = ("index", "input_len", "output_len", "prompt_tokens", "cached_tokens", "output_tokens")
+SAME += ("status", "finish_reason")
+
+
+def _steps(path: Path) -> list[tuple[int, int, int]]:
+    """(prefill tokens, decode tokens, sequences) of each engine step the server logged."""
+    steps = [json.loads(line) for line in path.read_text().splitlines()]
+    return [(s["prefill_tokens"], s["decode_tokens"], s["seqs"]) for s in steps]
+
+
+def _points(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.glob("p*") if p.is_dir())
+
+
+def test_a_serve_cmd_sweep_of_bench_serve_matches_the_bundled_engine_sweep(
+    tmp_path: Path,
+) -> None:
+    """The done-when of issue 44: the same grid (max_num_seqs x chunk size) and load, once
+    with the bundled engine restarted per point, once with `bench serve` started per point by
+    --serve-cmd, give per point the same requests, token counts and engine work (timing
+    aside); the step logs show each point's settings reached its server."""
+    (tmp_path / "bundled").mkdir()
+    rc, printed = sweep(
+        tmp_path / "bundled", GRID.replace("[sweep]", "enforce_eager = true\n[sweep]"), None
+    )
+    assert rc == 0, printed
+    steps = tmp_path / "steps-{max_num_seqs}-{max_num_batched_tokens}.jsonl"
+    template = SERVE + " --enforce-eager --max-num-seqs {max_num_seqs}"
+    template += f" --max-num-batched-tokens {{max_num_batched_tokens}} --step-log {steps}"
+    rc, printed = sweep(tmp_path, GRID, ServeCommand(template, None, None, 120))
+    assert rc == 0, printed
+    bundled = pd.read_csv(tmp_path / "bundled" / "sweep" / "sweep.csv")
+    launched = pd.read_csv(tmp_path / "sweep" / "sweep.csv")
+    same = ["max_num_seqs", "max_num_batched_tokens", "completed", "failed"]
+    same += ["prompt_tokens_computed", "telemetry.preemptions"]
+    pd.testing.assert_frame_equal(bundled[same], launched[same])
+    assert list(launched["completed"]) == [4] * 4
+    points = zip(_points(tmp_path / "bundled" / "sweep"), _points(tmp_path / "sweep"), strict=True)
+    for (a, b), row in zip(points, launched.to_dict("records"), strict=True):
+        seqs, budget = row["max_num_seqs"], row["max_num_batched_tokens"]
+        records = [  # in the order sent (requests.jsonl is in the order they finished)
+            sorted([json.loads(line)[k] for k in SAME] for line in (p / "requests.jsonl").open())
+            for p in (a, b)
+        ]
+        assert records[0] == records[1] and len(records[0]) == 4
+        ours = _steps(a / "steps.jsonl")
+        theirs = _steps(tmp_path / f"steps-{seqs}-{budget}.jsonl")
+        # the same work: every prompt token computed once, every output token but the first
+        # decoded (5 requests with the probe; a step may count a prompt's last token as decode)
+        assert sum(s[0] + s[1] for s in ours) == sum(s[0] + s[1] for s in theirs) == 5 * 27
+        for log in (ours, theirs):  # within the point's settings: they reached the server
+            assert max(s[0] + s[1] for s in log) <= budget and max(s[2] for s in log) <= seqs
+            assert max(s[0] for s in log) == min(budget, 24) or seqs > 1
+        if seqs == 1:  # one request at a time: the step sequence itself is fixed
+            assert ours == theirs

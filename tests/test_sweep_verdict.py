@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from bench_cli.report import sweep_report
-from bench_cli.sweep_verdict import verdict_lines, workload_text
+from bench_cli.sweep_verdict import headline, verdict_lines, workload_text
 from tests.test_report import AXES, _sweep_table
 
 PLAN = {
@@ -65,6 +65,89 @@ def test_the_sweep_report_leads_with_the_verdict_and_names_the_slo(tmp_path: Pat
     page = sweep_report(tmp_path, embed=False).read_text()
     head = page[: page.index("<script")]
     assert head.index("Verdict") < head.index("<table")  # the answer before the numbers
-    assert "SLO ttft=0.5,tpot=0.05" in head and workload_text(plan) in head
+    assert "<b>SLO:</b> ttft=0.5,tpot=0.05" in head and "SLO: SLO" not in head
+    assert workload_text(plan) in head
     assert "in SLO (ttft=0.5,tpot=0.05)" in head
     assert "input 16 tokens" in workload_text(plan) and "8 requests a run" in workload_text(plan)
+
+
+def _one(rows: list[dict], **keep: object) -> list[dict]:
+    return [r for r in rows if all(r[k] == v for k, v in keep.items())]
+
+
+def test_a_settings_only_sweep_names_the_best_setting_without_a_load() -> None:
+    rows = _one(_rows(), rate=4)
+    lines = verdict_lines(rows, ["batching"], None, "ttft=1")
+    assert len(lines) == 1 and lines[0].best == "batching=continuous"
+    assert lines[0].text.startswith("batching=continuous is best by goodput")  # no "at all:"
+
+
+def test_a_load_only_sweep_has_no_best_setting_but_its_knee_and_peak() -> None:
+    kept = _one(_rows(), batching="continuous")  # rates 4 and 16
+    rows = [r | {"slo_attainment": a} for r, a in zip(kept, (0.95, 0.5), strict=True)]
+    for r in rows:
+        del r["batching"]
+    lines = verdict_lines(rows, ["rate"], "rate", "ttft=1")
+    assert len(lines) == 1 and lines[0].best is None
+    text = lines[0].text
+    assert "only valid setting" not in text and "point 0" not in text
+    assert "no setting to choose between" in text
+    assert "highest rate with 90% of requests in SLO: 4" in text
+    assert "most goodput (req/s in SLO): 14.4 at rate=16" in text
+    plain = verdict_lines(rows, ["rate"], "rate", None)[0].text
+    assert "most output tok/s: 640 at rate=16" in plain and "no SLO given" in plain
+    # one value on a setting axis is still one setting: named, never "the best"
+    named = verdict_lines(_one(_rows(), batching="static"), ["batching", "rate"], "rate", None)
+    assert named[0].best is None and "one setting (batching=static) at 2 loads" in named[0].text
+
+
+def test_a_one_point_sweep_says_what_it_measured_and_that_nothing_compares() -> None:
+    row = _one(_rows(slo=True), batching="continuous", rate=4)
+    del row[0]["rate"]
+    line = verdict_lines(row, ["batching"], None, "ttft=1")[0]
+    assert line.best is None
+    assert line.text == (
+        "one point (batching=continuous): 3.6 goodput (req/s in SLO), 95% of requests in SLO; "
+        "nothing to compare it with"
+    )
+
+
+def test_an_all_invalid_sweep_gives_no_verdict() -> None:
+    rows = [r | {"invalid_runs": 1} for r in _rows()]
+    lines = verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1")
+    assert [line.best for line in lines] == [None]
+    assert lines[0].text.startswith("no verdict: all 4 points are INVALID")
+
+
+def test_the_slo_target_sets_the_knee_in_the_verdict() -> None:
+    rows = _rows()
+    for r in rows:
+        r["slo_attainment"] = 0.93 if r["rate"] == 4 else 0.85
+    knee90 = verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1")[-1].text
+    assert knee90.startswith("highest rate with 90% of requests in SLO") and ": 4;" in knee90
+    knee80 = verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1", target=0.8)[-1].text
+    assert knee80.startswith("highest rate with 80% of requests in SLO")
+    assert "not reached up to 16" in knee80
+    knee95 = verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1", target=0.95)[-1].text
+    assert "batching=continuous: none" in knee95
+
+
+def test_the_verdict_opens_with_the_answer_in_one_sentence(tmp_path: Path) -> None:
+    lines = verdict_lines(_rows(), ["batching", "rate"], "rate", "ttft=1")
+    assert headline(lines) == (
+        "best at every load tested: batching=continuous (by goodput (req/s in SLO))"
+    )
+    rows = _rows()
+    _one(rows, batching="static", rate=16)[0]["goodput"] = 100.0  # static wins at rate 16
+    mixed = verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1")
+    assert headline(mixed) == "the best setting depends on the load: see each line"
+    rows = _rows()
+    _one(rows, batching="static", rate=4)[0]["invalid_runs"] = 1  # the rival left out there
+    alone = headline(verdict_lines(rows, ["batching", "rate"], "rate", "ttft=1"))
+    assert alone is not None and "(rate=4: the only valid setting)" in alone, alone
+    loads_only = verdict_lines(_one(_rows(), batching="static"), ["batching", "rate"], "rate", None)
+    assert headline(loads_only) is None  # nothing was chosen
+    pd.DataFrame(_rows(slo=True)).to_csv(tmp_path / "sweep.csv", index=False)
+    (tmp_path / "sweep.json").write_text(json.dumps(PLAN))
+    page = sweep_report(tmp_path, embed=False).read_text()
+    assert page.index("<b>best at every load tested") < page.index("at rate=4:")
