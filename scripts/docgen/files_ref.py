@@ -11,8 +11,8 @@ from typing import Any
 import pandas as pd
 
 from bench_cli.export import RUN_FILES
-from bench_cli.sweep import aggregate
 from bench_cli.sweep_grid import SweepPoint
+from bench_cli.sweep_row import aggregate
 from engine.engine import LLMEngine
 from engine.model.cost import StepCost, StepShape
 from loadgen.records import RequestRecord
