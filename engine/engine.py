@@ -211,13 +211,15 @@ class LLMEngine:
     @property
     def linears(self) -> str:
         """What the layers' linears run as: 'kernel' (engine/ops/cpu_kernels.cpp), 'onednn'
-        (where that cannot be built), 'fp8 kernel' (e4m3 weights through the kernel), 'fp8'
-        (e4m3 weights upcast, then torch's product), or 'torch' (CUDA, bf16 on CPU,
-        SERVEBENCH_ONEDNN=0)."""
+        (where that cannot be built), 'fp8 kernel' (e4m3 weights through the kernel), 'bf16
+        kernel' (engine/ops/cpu_kernels_bf16.cpp), 'fp8' (e4m3 weights upcast, then torch's
+        product), or 'torch' (CUDA, bf16 on CPUs without AVX512-BF16, SERVEBENCH_ONEDNN=0)."""
         linear = self.runner.model.layers[0].mlp.down_proj
         if isinstance(linear, PackedLinear):
             if linear.weight_scale is not None:
                 return "fp8 kernel"
+            if linear.packed_weight.dtype == torch.bfloat16:
+                return "bf16 kernel"
             return "kernel" if linear.native else "onednn"
         return "fp8" if isinstance(linear, Fp8Linear) else "torch"
 
