@@ -67,9 +67,9 @@ def paged_decode_attention(
     """What the compiled forward's decodes attend with: the engine's kernel (ops/
     cpu_attention.cpp) on float32 and bf16 caches where it is built, which reads each K and V
     row once in place (inductor's loops over the formula read the cache at 5-8 GB/s at 64
-    sequences), else
-    `fallback`: the formula inside a compiled graph, `fused_decode_attention` outside one. With
-    scales, an fp8 cache through the kernel's e4m3 variant (callers check `fp8_kernel_fits`)."""
+    sequences), else `fallback`: the formula inside a compiled graph, `fused_decode_attention`
+    outside one. With scales, an fp8 cache through the kernel's e4m3 variant (callers check
+    `fp8_kernel_fits`)."""
     if k_scale is not None and v_scale is not None:
         fp8 = torch.ops.servebench.decode_attention_fp8
         return fp8(q, k_cache, v_cache, block_tables, mask, scale, k_scale, v_scale)
