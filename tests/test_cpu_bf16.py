@@ -59,6 +59,7 @@ def test_packed_bf16_linear_holds_half_the_bytes_and_runs_the_kernel() -> None:
     packed = PackedLinear.from_linear(linear)
     assert packed.packed_weight.dtype == torch.bfloat16
     assert "linear_bf16" in repr(packed)
+    assert torch.equal(packed.plain_weight(), linear.weight)
     x = torch.randn(5, 163).bfloat16()
     with torch.inference_mode():
         bf16_close(packed(x), F.linear(x.float(), linear.weight.float()))

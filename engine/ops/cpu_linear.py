@@ -171,6 +171,16 @@ class PackedLinear(nn.Module):
     def from_fp8(cls, linear: Fp8Linear) -> PackedLinear:
         return cls(linear.weight, linear.weight_scale)
 
+    def plain_weight(self) -> torch.Tensor:
+        """The weight as [out, in] again, from the kernel's float32 or bf16 blocks (tests use
+        it to compute a layer's exact float32 reference)."""
+        w, out, k = self.packed_weight, self.out_features, self.in_features
+        if self.weight_scale is None and w.dtype == torch.bfloat16:  # [nb, k2, BLOCK, 2]
+            return w.permute(0, 2, 1, 3).reshape(w.shape[0] * BLOCK, -1)[:out, :k].contiguous()
+        if self.weight_scale is None and self.native:  # [nb, k, BLOCK]
+            return w.transpose(1, 2).reshape(-1, k)[:out].contiguous()
+        raise ValueError(f"no plain weight kept for {self.extra_repr()}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [rows, in_features]
         if self.weight_scale is not None:
             return torch.ops.servebench.linear_fp8(
