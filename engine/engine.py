@@ -6,7 +6,6 @@ import dataclasses
 import importlib.util
 import json
 import logging
-import os
 import time
 import weakref
 from collections.abc import Callable
@@ -21,6 +20,8 @@ from engine.core.request import FinishReason, Request, RequestOutput, SamplingPa
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.cuda_graphs import DecodeGraphs
 from engine.distributed.workers import TPWorkers, check_tensor_parallel
+from engine.dtype_choice import DtypeChoice, choose_dtype
+from engine.dtype_choice import cpu_has_native_bf16 as cpu_has_native_bf16  # re-exported
 from engine.model.cost import StepShape, chunk_totals, step_cost_of_totals
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
@@ -43,31 +44,10 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def cpu_has_native_bf16() -> bool:
-    """x86 AVX512-BF16 or AMX, or ARM BF16: the CPUs where oneDNN runs bf16 matmuls natively.
-    SERVEBENCH_CPU_BF16=0 says no (dtype auto is then float32, as on AVX2 machines: the test
-    suite sets it, so which dtype its exactness tests check does not depend on the CPU)."""
-    if os.environ.get("SERVEBENCH_CPU_BF16") == "0":
-        return False
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
 def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """'auto' is bfloat16 on CUDA and on CPUs with native bf16 math, float32 on the others,
-    where bf16 matmuls fall back to a path hundreds of times slower
-    (docs/results/2026-12-04-cpu-design-choices.md)."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if device.type == "cuda" or cpu_has_native_bf16() else "float32"
+    """'auto' is bfloat16 on CUDA; on CPU, float32 where bf16 is not native, else the faster
+    of the two on this machine (engine/dtype_choice.py)."""
+    return dtype if dtype != "auto" else choose_dtype(device).dtype
 
 
 def resolve_attention_backend(backend: str, device: torch.device) -> str:
@@ -96,7 +76,13 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)
-        config.dtype = resolve_dtype(config.dtype, self.device)  # recorded as resolved
+        self.dtype_choice = (
+            choose_dtype(self.device)
+            if config.dtype == "auto"
+            else DtypeChoice(config.dtype, "asked for")
+        )
+        config.dtype = self.dtype_choice.dtype  # recorded as resolved
+        logger.info("dtype %s: %s", config.dtype, self.dtype_choice.reason)
         config.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
         torch.manual_seed(config.seed)
         tp_size = config.tensor_parallel_size
@@ -211,13 +197,15 @@ class LLMEngine:
     @property
     def linears(self) -> str:
         """What the layers' linears run as: 'kernel' (engine/ops/cpu_kernels.cpp), 'onednn'
-        (where that cannot be built), 'fp8 kernel' (e4m3 weights through the kernel), 'fp8'
-        (e4m3 weights upcast, then torch's product), or 'torch' (CUDA, bf16 on CPU,
-        SERVEBENCH_ONEDNN=0)."""
+        (where that cannot be built), 'fp8 kernel' (e4m3 weights through the kernel), 'bf16
+        kernel' (engine/ops/cpu_kernels_bf16.cpp), 'fp8' (e4m3 weights upcast, then torch's
+        product), or 'torch' (CUDA, bf16 on CPUs without AVX512-BF16, SERVEBENCH_ONEDNN=0)."""
         linear = self.runner.model.layers[0].mlp.down_proj
         if isinstance(linear, PackedLinear):
             if linear.weight_scale is not None:
                 return "fp8 kernel"
+            if linear.packed_weight.dtype == torch.bfloat16:
+                return "bf16 kernel"
             return "kernel" if linear.native else "onednn"
         return "fp8" if isinstance(linear, Fp8Linear) else "torch"
 

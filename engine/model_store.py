@@ -14,7 +14,7 @@ from engine.distributed.group import TPGroup
 from engine.distributed.sharding import Shard, shard_model
 from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
-from engine.ops.cpu_linear import onednn_packing_enabled
+from engine.ops.cpu_linear import packing_enabled
 from engine.ops.fp8 import FP8
 from engine.runner import ModelRunner
 
@@ -38,7 +38,7 @@ class ModelKey(NamedTuple):
     def of(cls, config: EngineConfig, device: torch.device, tp_rank: int = 0) -> ModelKey:
         """The weights of a config whose dtype is resolved."""
         dtype = DTYPES[config.dtype]
-        pack = onednn_packing_enabled(dtype, device)
+        pack = packing_enabled(dtype, device)
         return cls(config.model, dtype, device, config.seed, config.quantization, pack,
                    tp_rank, config.tensor_parallel_size, config.load_format)  # fmt: skip
 

@@ -55,8 +55,7 @@ def test_the_engine_starts_over_a_killed_builds_lock() -> None:
     """A process killed mid-build leaves torch's lock file; the next start must not wait on it."""
     if not cpu_kernels.available():
         pytest.skip("the CPU kernels cannot be built here")
-    src = Path(cpu_kernels.__file__).with_suffix(".cpp")
     flags = cpu_kernels.build_flags(torch.backends.cpu.get_cpu_capability())
-    (cpu_kernels.build_directory(src, flags) / "lock").touch()
+    (cpu_kernels.build_directory(cpu_kernels.SOURCES, flags) / "lock").touch()
     code = "from engine.ops.cpu_kernels import available; assert available()"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -243,12 +243,16 @@ class LlamaForCausalLM(nn.Module):
         fp8 one to the kernel's where it is built (a quarter of float32's bytes to read), in
         place; see engine/ops/cpu_linear.py. A tied LM head gets its own packed copy (the
         embedding lookup needs the plain matrix): 108 MiB more on SmolLM2 for a decode step
-        135 -> 120 ms at 32 sequences; `tied_head=False` keeps memory instead."""
+        135 -> 120 ms at 32 sequences; `tied_head=False` keeps memory instead. A bf16 model's
+        linears become bf16 blocks (where the kernel runs: model_store checks); its fp8 ones
+        stay as they are (the fp8 kernel takes float32 activations)."""
+        dtype = self.embed_tokens.weight.dtype
+        fp8_kernel = dtype == torch.float32 and cpu_kernels.available()
         for parent, name in self._layer_linears():
             linear = getattr(parent, name)
             if isinstance(linear, nn.Linear):
                 setattr(parent, name, PackedLinear.from_linear(linear))
-            elif isinstance(linear, Fp8Linear) and cpu_kernels.available():
+            elif isinstance(linear, Fp8Linear) and fp8_kernel:
                 setattr(parent, name, PackedLinear.from_fp8(linear))
         tied = self.config.tie_word_embeddings
         if isinstance(self.lm_head, nn.Linear) and (tied_head or not tied):

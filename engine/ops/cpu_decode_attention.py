@@ -65,21 +65,25 @@ def paged_decode_attention(
     v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """What the compiled forward's decodes attend with: the engine's kernel (ops/
-    cpu_kernels.cpp) on float32 caches where it is built, which reads each K and V row once in
-    place (inductor's loops over the formula read the cache at 5-8 GB/s at 64 sequences), else
-    `fallback`: the formula inside a compiled graph, `fused_decode_attention` outside one. With
-    scales, an fp8 cache through the kernel's e4m3 variant (callers check `fp8_kernel_fits`)."""
+    cpu_attention.cpp) on float32 and bf16 caches where it is built, which reads each K and V
+    row once in place (inductor's loops over the formula read the cache at 5-8 GB/s at 64
+    sequences), else `fallback`: the formula inside a compiled graph, `fused_decode_attention`
+    outside one. With scales, an fp8 cache through the kernel's e4m3 variant (callers check
+    `fp8_kernel_fits`)."""
     if k_scale is not None and v_scale is not None:
         fp8 = torch.ops.servebench.decode_attention_fp8
         return fp8(q, k_cache, v_cache, block_tables, mask, scale, k_scale, v_scale)
-    if kernel_fits(q, k_cache):
-        return torch.ops.servebench.decode_attention(q, k_cache, v_cache, block_tables, mask, scale)
+    if kernel_fits(q, k_cache):  # bf16: float32 queries and outputs (q is a few KB)
+        kernel = torch.ops.servebench.decode_attention
+        return kernel(q.float(), k_cache, v_cache, block_tables, mask, scale).to(q.dtype)
     return fallback(q, k_cache, v_cache, block_tables, mask, scale)
 
 
 def kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether ops/cpu_kernels.cpp's decode attention takes this batch."""
-    fits = q.dtype == k_cache.dtype == torch.float32 and q.shape[-1] in (64, 128)
+    """Whether ops/cpu_attention.cpp's decode attention takes this batch: a float32 cache, or
+    a bf16 one (rows widened in registers, exactly) under bf16 queries."""
+    fits = q.dtype == k_cache.dtype and q.dtype in (torch.float32, torch.bfloat16)
+    fits = fits and q.shape[-1] in (64, 128)
     return fits and k_cache.device.type == "cpu" and cpu_kernels.BUILT["ok"]
 
 

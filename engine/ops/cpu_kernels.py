@@ -1,7 +1,9 @@
-"""The engine's own CPU kernels (cpu_kernels.cpp): `servebench::linear` and `linear_fp8`
-(engine/ops/cpu_linear.py), `linear_rows` (a tied LM head kept unpacked: engine/model/
-llama.py) and `servebench::decode_attention` and `decode_attention_fp8` (engine/ops/
-cpu_decode_attention.py, attention.py).
+"""The engine's own CPU kernels: `servebench::linear` and `linear_fp8` (cpu_kernels.cpp; used
+by engine/ops/cpu_linear.py), `linear_rows` (a tied LM head kept unpacked: engine/model/
+llama.py), `servebench::decode_attention` and `decode_attention_fp8` (cpu_attention.cpp;
+engine/ops/cpu_decode_attention.py, attention.py) and `servebench::linear_bf16`
+(cpu_kernels_bf16.cpp: AVX512-BF16 only, compiled for it function by function and refused at
+run time on other CPUs; `bf16_available()` says whether this one has it).
 
 Built by torch's extension builder at first use, once per machine, CPU capability and source
 (~12 s here, then loaded from its cache in ~0.1 s), with the flags ATen builds its own vector
@@ -9,8 +11,8 @@ kernels with, and registered as torch ops: compiled graphs call them without Pyt
 they cannot be built (no C++ compiler, no ninja) the engine logs one warning and keeps the
 paths it had before them; `SERVEBENCH_CPU_KERNELS=0` asks for that.
 
-The build lives in a folder named for what is built (the source's bytes, the flags, torch's
-version), compiled from a copy of the source inside it: two checkouts of the same source share
+The build lives in a folder named for what is built (the sources' bytes, the flags, torch's
+version), compiled from a copy of the sources inside it: two checkouts of the same source share
 one build, two of different sources never rebuild each other's. Builders take an advisory lock
 (flock, gone with its process) with a timeout that says what it waits for; torch's own lock file
 found under it is a killed builder's, and is removed (torch would wait on it forever)."""
@@ -24,7 +26,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,6 +35,9 @@ import torch
 logger = logging.getLogger(__name__)
 BUILT = {"ok": False}  # what `available()` found, for code that dynamo traces
 LOCK_TIMEOUT_S = float(os.environ.get("SERVEBENCH_KERNEL_LOCK_TIMEOUT", "600"))
+HERE = Path(__file__).parent
+SOURCES = tuple(HERE / name for name in ("cpu_kernels.h", "cpu_kernels.cpp", "cpu_attention.cpp",
+                                         "cpu_kernels_bf16.cpp"))  # fmt: skip
 
 # What ATen compiles its vector kernels with for each CPU capability (its vec types need them).
 ISA_FLAGS = {
@@ -60,20 +65,24 @@ def build_flags(cap: str) -> list[str]:
     return flags
 
 
-def build_directory(source: Path, flags: list[str]) -> Path:
-    """The folder for this source, these flags and this torch, under torch's extension root
-    (TORCH_EXTENSIONS_DIR is honoured), with the source copied in."""
+def build_directory(sources: Path | Sequence[Path], flags: list[str]) -> Path:
+    """The folder for these sources (headers too), these flags and this torch, under torch's
+    extension root (TORCH_EXTENSIONS_DIR is honoured), with the sources copied in."""
     from torch.utils.cpp_extension import get_default_build_root
 
-    key = hashlib.sha256(source.read_bytes())
+    sources = [sources] if isinstance(sources, Path) else list(sources)
+    key = hashlib.sha256()
+    for source in sources:
+        key.update(source.name.encode() + b"\0" + source.read_bytes())
     key.update(" ".join([*flags, torch.__version__]).encode())
     folder = Path(get_default_build_root()) / f"servebench-{key.hexdigest()[:16]}"
     folder.mkdir(parents=True, exist_ok=True)
-    copy = folder / source.name
-    if not copy.exists() or copy.read_bytes() != source.read_bytes():
-        tmp = folder / f".{source.name}.{os.getpid()}"
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, copy)  # a reader never sees half a file
+    for source in sources:
+        copy = folder / source.name
+        if not copy.exists() or copy.read_bytes() != source.read_bytes():
+            tmp = folder / f".{source.name}.{os.getpid()}"
+            shutil.copyfile(source, tmp)
+            os.replace(tmp, copy)  # a reader never sees half a file
     return folder
 
 
@@ -132,10 +141,11 @@ def available() -> bool:
         from torch.utils.cpp_extension import load
 
         _ninja_on_path()
-        folder = build_directory(Path(__file__).with_suffix(".cpp"), flags)
+        folder = build_directory(SOURCES, flags)
+        compiled = [str(folder / s.name) for s in SOURCES if s.suffix == ".cpp"]
         with build_lock(folder):
-            load(f"servebench_cpu_kernels_{cap.lower()}", [str(folder / "cpu_kernels.cpp")],
-                 extra_cflags=flags, extra_ldflags=["-fopenmp"], build_directory=str(folder),
+            load(f"servebench_cpu_kernels_{cap.lower()}", compiled, extra_cflags=flags,
+                 extra_ldflags=["-fopenmp"], build_directory=str(folder),
                  is_python_module=False)  # fmt: skip
     except Exception as e:
         logger.warning("the engine's CPU kernels could not be built, using torch's: %s", e)
@@ -148,6 +158,10 @@ def available() -> bool:
     @torch.library.register_fake("servebench::linear_fp8")
     def _(x: torch.Tensor, blocks: torch.Tensor, scales: torch.Tensor, n: int) -> torch.Tensor:
         return x.new_empty(x.shape[0], n)
+
+    @torch.library.register_fake("servebench::linear_bf16")
+    def _(x: torch.Tensor, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out_features)
 
     @torch.library.register_fake("servebench::linear_rows")
     def _(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -163,3 +177,17 @@ def available() -> bool:
 
     BUILT["ok"] = True
     return True
+
+
+def bf16_available() -> bool:
+    """Whether `servebench::linear_bf16` runs here: the kernels built and the CPU has
+    AVX512-BF16 (asked of the CPU by the kernel itself, which checks again on each call).
+    SERVEBENCH_BF16_KERNEL=0 says no: bf16 linears then run torch's product, as before."""
+    if os.environ.get("SERVEBENCH_BF16_KERNEL") == "0":
+        return False
+    return _cpu_runs_bf16_kernel()
+
+
+@functools.cache
+def _cpu_runs_bf16_kernel() -> bool:
+    return available() and bool(torch.ops.servebench.has_bf16_kernel())

@@ -16,8 +16,13 @@ the product. oneDNN can keep the weight in its own blocked layout (`_reorder_lin
 the op torch's inductor uses when it freezes a CPU model; vLLM's CPU backend prepacks its
 weights with oneDNN the same way). MKL's kernel is the better one for big prefill chunks,
 so from `MKL_MIN_ROWS` rows the weight is unpacked for MKL, which costs little beside the
-product. Only float32: the bf16 path was not measured on a CPU with native bf16. Figures:
-docs/results/2026-12-04-cpu-design-choices.md.
+product. Figures: docs/results/2026-12-04-cpu-design-choices.md.
+
+bfloat16 weights on a CPU with AVX512-BF16 are held as bf16 blocks of pairs for
+`servebench::linear_bf16` (cpu_kernels_bf16.cpp: vdpbf16ps, float32 accumulation): half of
+float32's bytes to stream a decode step, at every row count (one thread, here: 1.4-3.7x
+faster than torch's bf16 product at 1-64 rows, 1.0-1.6x at 128-512; benchmarks/
+bf16_decode.py measures the engine). Elsewhere bf16 linears stay torch's.
 
 `SERVEBENCH_ONEDNN=0` keeps plain `nn.Linear`."""
 
@@ -42,6 +47,17 @@ def to_blocks(weight: torch.Tensor) -> torch.Tensor:
     padded = weight.new_zeros(-(-out // BLOCK) * BLOCK, k)
     padded[:out] = weight
     return padded.view(-1, BLOCK, k).transpose(1, 2).contiguous()
+
+
+def bf16_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 weight [out, in] -> [ceil(out / BLOCK), ceil(in / 2), BLOCK, 2]: for each pair of
+    inputs, a block's BLOCK outputs' two weights adjacent (what one vdpbf16ps takes), zero-padded
+    to whole blocks and an even input count."""
+    out, k = weight.shape
+    k2 = -(-k // 2)
+    padded = weight.new_zeros(-(-out // BLOCK) * BLOCK, 2 * k2)
+    padded[:out, :k] = weight
+    return padded.view(-1, BLOCK, k2, 2).permute(0, 2, 1, 3).contiguous()
 
 
 def fp8_blocks(weight: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,6 +115,14 @@ def _(x: torch.Tensor, packed_weight: torch.Tensor, out_features: int) -> torch.
     return x.new_empty(x.shape[0], out_features)
 
 
+def packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a model's linears are re-laid out at load: float32 (the kernel's blocks, or
+    oneDNN's), or bf16 where `servebench::linear_bf16` runs."""
+    if dtype == torch.bfloat16:
+        return device.type == "cpu" and cpu_kernels.bf16_available()
+    return onednn_packing_enabled(dtype, device)
+
+
 def onednn_packing_enabled(dtype: torch.dtype, device: torch.device) -> bool:
     return (
         device.type == "cpu"
@@ -112,7 +136,8 @@ class PackedLinear(nn.Module):
     """A bias-free linear layer holding only its re-laid-out weight (blocks for
     `servebench::linear`, else oneDNN's layout): the plain one is freed unless something else
     holds it (a tied embedding). With `weight_scale`, an e4m3 weight (engine/ops/fp8.py) in
-    blocks for `servebench::linear_fp8`, which upcasts it in registers: the kernel only."""
+    blocks for `servebench::linear_fp8`, which upcasts it in registers: the kernel only. A bf16
+    weight: blocks of pairs for `servebench::linear_bf16` (AVX512-BF16 only)."""
 
     def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -124,6 +149,10 @@ class PackedLinear(nn.Module):
             if not self.native:
                 raise ValueError("e4m3 weights are packed for the engine's kernel only")
             packed, scales = fp8_blocks(w, weight_scale)
+        elif w.dtype == torch.bfloat16:
+            if not cpu_kernels.bf16_available():
+                raise ValueError("bf16 weights are packed for servebench::linear_bf16 only")
+            packed = bf16_blocks(w)
         elif self.native:
             packed = to_blocks(w)
         else:
@@ -141,11 +170,23 @@ class PackedLinear(nn.Module):
     def from_fp8(cls, linear: Fp8Linear) -> PackedLinear:
         return cls(linear.weight, linear.weight_scale)
 
+    def plain_weight(self) -> torch.Tensor:
+        """The weight as [out, in] again, from the kernel's float32 or bf16 blocks (tests use
+        it to compute a layer's exact float32 reference)."""
+        w, out, k = self.packed_weight, self.out_features, self.in_features
+        if self.weight_scale is None and w.dtype == torch.bfloat16:  # [nb, k2, BLOCK, 2]
+            return w.permute(0, 2, 1, 3).reshape(w.shape[0] * BLOCK, -1)[:out, :k].contiguous()
+        if self.weight_scale is None and self.native:  # [nb, k, BLOCK]
+            return w.transpose(1, 2).reshape(-1, k)[:out].contiguous()
+        raise ValueError(f"no plain weight kept for {self.extra_repr()}")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [rows, in_features]
         if self.weight_scale is not None:
             return torch.ops.servebench.linear_fp8(
                 x, self.packed_weight, self.weight_scale, self.out_features
             )
+        if self.packed_weight.dtype == torch.bfloat16:
+            return torch.ops.servebench.linear_bf16(x, self.packed_weight, self.out_features)
         if self.native:
             return torch.ops.servebench.linear(x, self.packed_weight, self.out_features)
         if torch.compiler.is_compiling():
@@ -156,4 +197,6 @@ class PackedLinear(nn.Module):
         layout = "servebench::linear blocks" if self.native else "oneDNN packed"
         if self.weight_scale is not None:
             layout = "servebench::linear_fp8 blocks, fp8_e4m3"
+        elif self.packed_weight.dtype == torch.bfloat16:
+            layout = "servebench::linear_bf16 blocks"
         return f"in_features={self.in_features}, out_features={self.out_features}, {layout}"

@@ -11,11 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from engine.config import EngineConfig, ModelConfig
 from engine.core.kv_cache_manager import builtin_chain_hashes
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import SchedulerOutput
-from engine.engine import LLMEngine, cpu_has_native_bf16
+from engine.engine import LLMEngine, resolve_dtype
 from engine.model.cost import StepShape, matmul_params
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
@@ -303,7 +305,7 @@ def resolve_sim_config(config: EngineConfig, device: DeviceSpec) -> None:
     on this machine float32 (unless the CPU has native bf16) and the torch backend."""
     gpu = device.name != "local"
     if config.dtype == "auto":
-        config.dtype = "bfloat16" if gpu or cpu_has_native_bf16() else "float32"
+        config.dtype = "bfloat16" if gpu else resolve_dtype("auto", torch.device("cpu"))
     if config.cache.kv_cache_dtype == "auto":
         config.cache.kv_cache_dtype = config.dtype
     if config.attention_backend == "auto":
