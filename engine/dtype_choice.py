@@ -5,9 +5,9 @@ says), else whichever of the two runs a decode-shaped linear faster on this mach
 The measurement takes a few ms: one [1, 576] x [576, 1536] product (SmolLM2's FFN width at one
 sequence, where decode spends its time) in each dtype, through the path that dtype's linears
 would run (the engine's kernels where built, else torch's), best of a few alternating tries.
-Its result is cached per machine (CPU model, CPU flags, torch version) beside the kernels'
-build (torch's extension folder), so later starts read it instead. Where a kernel is rebuilt
-differently (a new source) the cache stays: delete the file to measure again."""
+Its result is cached per machine and kernels (CPU model, CPU flags, torch version, the kernels'
+sources) beside the kernels' build (torch's extension folder), so later starts read it
+instead; new kernel sources measure again."""
 
 from __future__ import annotations
 
@@ -55,7 +55,8 @@ def cpu_has_native_bf16() -> bool:
 
 
 def machine_key() -> str:
-    """What a cached measurement holds for: the CPU's model and flags, torch's version."""
+    """What a cached measurement holds for: the CPU's model and flags, torch's version and the
+    kernels' sources."""
     model = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -64,8 +65,14 @@ def machine_key() -> str:
                 break
     except OSError:
         pass
-    text = "\n".join([model, " ".join(sorted(cpu_flags())), torch.__version__])
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    from engine.ops.cpu_kernels import SOURCES
+
+    key = hashlib.sha256(
+        "\n".join([model, " ".join(sorted(cpu_flags())), torch.__version__]).encode()
+    )
+    for source in SOURCES:  # the kernels timed: a new source may change which dtype wins
+        key.update(source.read_bytes())
+    return key.hexdigest()[:16]
 
 
 def cache_file() -> Path:
