@@ -354,4 +354,6 @@ def _read_all(
                 w = live.pop(ready)
                 ended.add(w)
             if w in gone and w in ended:
+                # its sentinel closes as it exits, a moment before it can be reaped
+                workers[w].process.join(STOP_WAIT_S)
                 post(("exit", w, workers[w].process.exitcode))

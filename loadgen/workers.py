@@ -170,6 +170,7 @@ async def _work(job: WorkerJob, commands: Connection, out: Outbox) -> None:
         probe.request_id = f"{job.run_id}-probe"
         probe.reply = ""
     out.flush()
+    _progress(runner, out)  # the last counters: the live view's final frame shows them
     out.put(("done", job.worker, elapsed, stopped_early, probe, probe_error))
 
 
@@ -212,6 +213,10 @@ def _read_commands(commands: Connection, loop: asyncio.AbstractEventLoop, handle
 
 async def _report_progress(runner: LoadRunner, out: Outbox) -> None:
     while True:
-        p = runner.progress
-        out.put(("progress", out.worker, p.sent, p.in_flight, runner.next_send, runner.phase))
+        _progress(runner, out)
         await asyncio.sleep(PROGRESS_S)
+
+
+def _progress(runner: LoadRunner, out: Outbox) -> None:
+    p = runner.progress
+    out.put(("progress", out.worker, p.sent, p.in_flight, runner.next_send, runner.phase))
