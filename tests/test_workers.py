@@ -193,3 +193,17 @@ def test_one_late_worker_makes_the_run_invalid_though_the_merged_p99_is_kept() -
 def test_what_cannot_be_split_is_refused(tmp_path: Path, flags: dict, said: str) -> None:
     rc, printed = run(tmp_path / "run", **{"model": "tiny-smollm2", "tokenizer": None, **flags})
     assert rc == 2 and said in " ".join(printed.split()), printed
+
+
+def test_a_failed_test_request_stops_every_worker_at_once(tmp_path: Path) -> None:
+    """Worker 0 sends the test request alone; the others wait for it and stop with it."""
+    from bench_cli.local_server import free_port
+
+    t = time.monotonic()
+    rc, printed = run(tmp_path / "run", base_url=f"http://127.0.0.1:{free_port()}/v1", workers="3")
+    text = " ".join(printed.split())
+    assert rc == 1 and "the test request to" in text and "WORKER FAILED" not in text, printed
+    assert time.monotonic() - t < 30  # not a worker's STOP_WAIT_S, nor a timeout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["test_request"]["status"] == "error" and summary["worker_failure"] is None
+    assert (tmp_path / "run" / "requests.jsonl").read_text() == ""
