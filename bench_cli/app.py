@@ -316,6 +316,10 @@ def run(
     duration: Annotated[float | None, Opt(help="stop sending after S seconds")] = None,
     warmup: Annotated[int | None, Opt(help="warm-up requests, left out of the metrics")] = None,
     seed: Annotated[int | None, Opt(help="seeds arrivals and prompts")] = None,
+    workers: Annotated[
+        str | None,
+        Opt(help="processes sending the load (default 1): an open-loop schedule to an HTTP server"),
+    ] = None,
     input_len: Annotated[
         str | None, Opt(help="N | uniform:lo:hi | normal:mean:std | lognormal:mean:sigma")
     ] = None,

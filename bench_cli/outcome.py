@@ -33,6 +33,8 @@ def notices(summary: dict[str, Any]) -> list[Notice]:
                 f"by {name}{during}: the summary covers the requests that finished",
             )
         )
+    if summary.get("worker_failure"):
+        out.append(Notice("error", "WORKER FAILED", summary["worker_failure"]))
     if summary.get("stopped_early"):
         out.append(Notice("error", "stopped early", summary["stopped_early"]))
     if summary.get("completed") == 0:
@@ -51,8 +53,14 @@ def notices(summary: dict[str, Any]) -> list[Notice]:
         lag = (summary.get("schedule_lag_s") or {}).get("p99")
         limit = summary.get("max_p99_lag_s")
         detail = ""
-        if lag is not None and limit is not None:
+        late = [w for w in summary.get("workers") or [] if not w["valid"]]
+        if lag is not None and limit is not None and lag > limit:
             detail = f" (p99 schedule lag {lag * 1e3:.1f} ms > {limit * 1e3:g} ms)"
+        elif late and limit is not None:  # --workers: one worker late, the merged p99 not
+            w = late[0]
+            worst = w["schedule_lag_s"]["p99"] * 1e3
+            detail = f" (worker {w['worker']}'s p99 schedule lag {worst:.1f} ms > "
+            detail += f"{limit * 1e3:g} ms)"
         out.append(
             Notice(
                 "error",

@@ -1,8 +1,8 @@
 """`bench run`: resolve the config, start the target, run the load with a progress bar, print
 and write the results. Exit codes: 0 done (some requests may have failed: the summary says),
 1 nothing measured (the test request failed, no request succeeded, or the first ones all failed
-alike and the run stopped early), 2 bad input, 3 INVALID (the schedule was not kept),
-128 + the signal's number when interrupted (130 for Ctrl-C)."""
+alike and the run stopped early) or a worker process (--workers) died, 2 bad input, 3 INVALID
+(the schedule was not kept), 128 + the signal's number when interrupted (130 for Ctrl-C)."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def exit_code(summary: dict[str, Any]) -> int:
     its schedule: every number is of another load, so CI must not take it for a pass)."""
     if summary["interrupted"]:  # the shell's convention: 128 + the signal's number
         return 128 + (summary["stop_signal"] or signal.SIGINT)
-    if summary["completed"] == 0:
+    if summary["completed"] == 0 or summary.get("worker_failure"):  # a worker process died
         return 1
     return INVALID_EXIT if not summary.get("valid", True) else 0
 

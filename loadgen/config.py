@@ -75,6 +75,7 @@ class RunConfig:
     duration: float | None = None
     warmup: int = 0
     seed: int = 0
+    workers: int = 1  # processes sending the load (loadgen/split_runner.py); 1: this one
     # workload
     input_len: str | None = None  # None: 256; a trace or dataset gives its own
     input_len_after_template: bool = False  # chat: --input-len counts the templated prompt
@@ -215,6 +216,10 @@ class RunConfig:
             raise ValueError(f"top_k must be >= 1 (or -1: off), got {self.top_k}")
         if self.naive_batch is not None:
             self._validate_naive()
+        if self.workers != 1:
+            from loadgen.split_runner import check_split
+
+            check_split(self)
         self._validate_sim()
         _check_extra_body(self.extra_body)
         if self.in_process and (self.headers or self.extra_body):
@@ -391,6 +396,10 @@ def _coerce(key: str, value: Any) -> Any:
     or as `K=V` flags, an extra body as a table or as JSON text."""
     if key in ("input_len", "output_len", "turns"):
         return str(value)
+    if key == "workers":
+        from loadgen.split_runner import parse_workers
+
+        return parse_workers(value)
     if key == "headers":
         return value if isinstance(value, dict) else dict(parse_header(h) for h in value)
     if key == "extra_body":

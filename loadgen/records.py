@@ -50,6 +50,7 @@ class RequestRecord:
     turn: int | None = None
     cls: str | None = None  # its traffic class, when the run mixes several
     n: int = 1  # completions asked for: output_tokens counts them all
+    worker: int | None = None  # --workers N: the worker process that sent it (None: one)
     reply: str = ""  # multi-turn: the text received, the next turn's context (not on disk)
 
     @property
@@ -98,6 +99,8 @@ class RequestRecord:
         d = {name: getattr(self, name) for name in _FIELDS}  # asdict deep-copies: slow
         if math.isnan(self.scheduled_s):
             d["scheduled_s"] = None
+        if d["worker"] is None:  # one process: its lines as they always were
+            del d["worker"]
         times, tokens = d.pop("chunk_s"), d.pop("chunk_tokens")
         n = len(tokens)
         tokens_text = _ones(n) if tokens.count(1) == n else json.dumps(tokens).replace(" ", "")

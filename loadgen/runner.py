@@ -12,7 +12,7 @@ import gc
 import itertools
 import re
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -110,10 +110,14 @@ class LoadRunner:
         on_record: Callable[[RequestRecord], None] | None = None,
         run_id: str = "req",
         clock: Callable[[], float] = time.perf_counter,
+        gate: Callable[[str], Awaitable[float]] | None = None,
     ) -> None:
         """clock: the records' time (a simulated engine's virtual clock, whose event loop
-        jumps to each timer: no spin, it would never end)."""
+        jumps to each timer: no spin, it would never end). gate: awaited before the warm-up
+        and before the load (a worker process's driver lets its workers on together); the
+        load's returns t0, the start the driver gave every worker (loadgen/split_runner.py)."""
         self.backend, self.plan = backend, plan
+        self.gate = gate
         self.clock = clock
         self.on_record = on_record
         self.run_id = run_id
@@ -151,15 +155,9 @@ class LoadRunner:
         try:
             if self.plan.probe is not None and not self._stopped:
                 self.phase = "test request"
-                # a task of its own, so a signal cancels it instead of waiting out --timeout
-                self._phase_task = asyncio.create_task(self._probe(self.plan.probe))
-                try:
-                    await self._phase_task
-                except asyncio.CancelledError:
-                    if not self._stopped:
-                        raise
-                finally:
-                    self._phase_task = None
+                await self._phased(self._probe(self.plan.probe))
+            if self.gate is not None and not self._stopped:
+                await self._phased(self.gate("warm-up"))
             if self.plan.warmup and not self._stopped:
                 self.phase = "warm-up"
                 await self._warmup()
@@ -168,6 +166,8 @@ class LoadRunner:
             gc.collect()
             gc.freeze()
             self.t0 = self.clock()
+            if self.gate is not None and not self._stopped:
+                self.t0 = await self._phased(self.gate("load")) or self.t0
             if not self._stopped:
                 self.phase = "load"
                 dispatch = self._open_loop() if self.plan.offsets is not None else self._closed()
@@ -194,6 +194,19 @@ class LoadRunner:
         return RunOutcome(
             self.records, self.warmup_records, elapsed, interrupted, self.t0, self.stopped_early
         )
+
+    async def _phased(self, step: Awaitable[T]) -> T | None:
+        """A step before the load, as a task of its own, so a signal cancels it instead of
+        waiting it out (a test request's --timeout); None when stopped."""
+        self._phase_task = asyncio.ensure_future(step)
+        try:
+            return await self._phase_task
+        except asyncio.CancelledError:
+            if not self._stopped:
+                raise
+            return None
+        finally:
+            self._phase_task = None
 
     async def _probe(self, spec: RequestSpec) -> None:
         """One request alone, not measured: a wrong URL, model or key fails here, with the
