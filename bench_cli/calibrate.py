@@ -125,9 +125,9 @@ def roofline_efficiency(
 
     from bench_cli.device_peak import local_sim_peak
     from engine.config import EngineConfig
+    from engine.model.shapes import model_shape
     from engine.sim.efficiency_fit import fit_efficiency
     from engine.sim.hardware import builtin_device, gpu_device_name, local_device
-    from engine.sim.models import model_shape
     from engine.sim.sim_engine import step_model_for
     from loadgen.sim_setup import LOCAL_MEMORY
 

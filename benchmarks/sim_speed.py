@@ -46,9 +46,9 @@ def engine_alone(duration: float, out: Path) -> None:
 
     from engine.config import EngineConfig
     from engine.core.request import SamplingParams
+    from engine.model.shapes import model_shape
     from engine.sim.clock import VirtualClock
     from engine.sim.hardware import builtin_device
-    from engine.sim.models import model_shape
     from engine.sim.sim_engine import (
         SimEngine,
         resolve_sim_config,

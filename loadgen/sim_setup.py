@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.model.shapes import model_shape
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec, builtin_device, local_device
-from engine.sim.models import model_shape
 from engine.sim.sim_engine import (
     SimEngine,
     cost_settings,

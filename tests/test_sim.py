@@ -25,10 +25,10 @@ from engine.core.kv_cache_manager import builtin_chain_hashes, chain_hashes
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
 from engine.model.cost import StepShape, matmul_params
+from engine.model.shapes import model_shape
 from engine.sim.clock import VirtualClock
 from engine.sim.efficiency_fit import fit_efficiency
 from engine.sim.hardware import DEVICES
-from engine.sim.models import model_shape
 from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, step_model_for, weight_bytes
 from engine.sim.step_time import Calibrated, Efficiency, Roofline, Terms, fit
 from loadgen.config import PROFILE_DIR, load_profile

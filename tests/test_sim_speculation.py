@@ -14,8 +14,8 @@ from test_sim import FixedStep, sim_run
 
 from engine.config import EngineConfig
 from engine.core.request import SamplingParams
+from engine.model.shapes import model_shape
 from engine.sim.clock import VirtualClock
-from engine.sim.models import model_shape
 from engine.sim.sim_engine import SimEngine
 from engine.sim.speculation import Acceptance, DraftShare, per_request_shares
 

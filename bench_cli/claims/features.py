@@ -256,8 +256,8 @@ def fewest_devices(scale: Scale) -> dict[str, Any]:
     `bench run --engine sim` finds it (the same sizing, which refuses what does not fit), and
     what one device said."""
     from engine.config import EngineConfig
+    from engine.model.shapes import model_shape
     from engine.sim.hardware import builtin_device
-    from engine.sim.models import model_shape
     from engine.sim.sim_engine import resolve_sim_config, size_gpu_kv_cache, weight_bytes
 
     assert scale.sim is not None, "7d runs simulated only"

@@ -38,8 +38,8 @@ def simulation(
 
 def _decode_step(model: str, device: str, tp: int, local_peak: dict[str, Any]) -> float:
     from engine.config import EngineConfig
+    from engine.model.shapes import model_shape
     from engine.sim.hardware import builtin_device, local_device
-    from engine.sim.models import model_shape
     from engine.sim.sim_engine import resolve_sim_config, step_model_for
     from loadgen.sim_setup import LOCAL_MEMORY
 

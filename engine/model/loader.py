@@ -15,6 +15,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.model.llama import LlamaForCausalLM
+from engine.model.shapes import gguf_config, model_shape
 from engine.model.sources import (  # also re-exported: the names callers know
     PACKAGED_MODELS,
     TINY_CONFIGS,
@@ -92,8 +93,6 @@ def _load_dummy(name: str, dtype: torch.dtype, device: torch.device, seed: int) 
     random weights drawn on the device, norms at one. What it generates is noise; how long
     its steps take is the model's. The tokenizer is the model's where it has one (a GGUF's,
     or a tokenizer.json beside the config.json)."""
-    from engine.sim.models import model_shape
-
     cfg = model_shape(name)
     model = _build(cfg, device).to(dtype)
     g = torch.Generator(device=device).manual_seed(seed)
@@ -151,33 +150,8 @@ def _read_gguf(path: Path) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tenso
     import gguf
 
     reader = gguf.GGUFReader(str(path))
-    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
-    if f"{arch}.rope.scaling.type" in meta:
-        raise ModelLoadError(f"{path}: RoPE scaling is not supported yet")
-    heads = meta["llama.attention.head_count"]
-    hidden = meta["llama.embedding_length"]
-    names = {t.name for t in reader.tensors}
     tokenizer = Tokenizer.from_gguf(reader)
-    eos = reader.fields.get("tokenizer.ggml.eos_token_id")
-    bos = reader.fields.get("tokenizer.ggml.bos_token_id")
-    cfg = ModelConfig(
-        vocab_size=meta.get("llama.vocab_size", tokenizer.vocab_size),
-        hidden_size=hidden,
-        intermediate_size=meta["llama.feed_forward_length"],
-        num_layers=meta["llama.block_count"],
-        num_heads=heads,
-        num_kv_heads=meta.get("llama.attention.head_count_kv", heads),
-        head_dim=meta.get("llama.attention.key_length", hidden // heads),
-        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
-        max_position_embeddings=meta["llama.context_length"],
-        tie_word_embeddings="output.weight" not in names,
-        bos_token_id=bos.contents() if bos else None,
-        eos_token_ids=(eos.contents(),) if eos else (),
-    )
+    cfg = gguf_config(reader, path, tokenizer.vocab_size)
 
     def weights() -> Iterator[tuple[str, torch.Tensor]]:
         for t in reader.tensors:

@@ -1,14 +1,16 @@
-"""Model shapes a simulation can take without weights: the bundled and tiny models, any
-Hugging Face config.json (a file or its directory), and built-in Llama 3.1 configs under
-their Hugging Face names."""
+"""Model shapes without weights: the bundled and tiny models, any Hugging Face config.json (a
+file or its directory), a GGUF file's metadata, and built-in Llama 3.1 configs under their
+Hugging Face names. What a simulation and a dummy-weight load take; torch-free."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from engine.config import ModelConfig
+from engine.model.sources import ModelLoadError
 
 _LLAMA_31_8B = ModelConfig(
     vocab_size=128256,
@@ -57,8 +59,39 @@ def model_shape(name: str) -> ModelConfig:
         return TINY_CONFIGS[name]
     path = resolve_model_path(name)  # a packaged model or a .gguf file: its metadata only
     if path.suffix == ".gguf":
-        from engine.model.loader import _read_gguf
+        import gguf
 
-        return _read_gguf(path)[0]
+        reader = gguf.GGUFReader(str(path))
+        return gguf_config(reader, path, len(reader.fields["tokenizer.ggml.tokens"].data))
     known = ", ".join(sorted(BUILTIN_CONFIGS))
     raise ValueError(f"model {name!r}: expected a config.json, a .gguf file or one of {known}")
+
+
+def gguf_config(reader: Any, path: Path, vocab_size: int) -> ModelConfig:
+    """A GGUF file's Llama shape from its metadata (a gguf.GGUFReader's); `vocab_size` where
+    the metadata leaves it out (its tokenizer's)."""
+    meta = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ModelLoadError(f"{path}: architecture {arch!r} is not supported (only 'llama')")
+    if f"{arch}.rope.scaling.type" in meta:
+        raise ModelLoadError(f"{path}: RoPE scaling is not supported yet")
+    heads = meta["llama.attention.head_count"]
+    hidden = meta["llama.embedding_length"]
+    eos = reader.fields.get("tokenizer.ggml.eos_token_id")
+    bos = reader.fields.get("tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        vocab_size=meta.get("llama.vocab_size", vocab_size),
+        hidden_size=hidden,
+        intermediate_size=meta["llama.feed_forward_length"],
+        num_layers=meta["llama.block_count"],
+        num_heads=heads,
+        num_kv_heads=meta.get("llama.attention.head_count_kv", heads),
+        head_dim=meta.get("llama.attention.key_length", hidden // heads),
+        rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
+        max_position_embeddings=meta["llama.context_length"],
+        tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
+        bos_token_id=bos.contents() if bos else None,
+        eos_token_ids=(eos.contents(),) if eos else (),
+    )
