@@ -391,7 +391,7 @@ async def run_benchmark(
     writer = RecordWriter(out_dir / "requests.jsonl", getattr(backend, "time_texts", None))
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
     times = {"clock": clock.time} if clock is not None else {}
-    if cfg.workers > 1:  # the schedule sent from worker processes (loadgen/split_runner.py)
+    if cfg.workers != 1:  # the schedule sent from worker processes (loadgen/split_runner.py)
         from loadgen.split_runner import SplitRunner
 
         runner: Any = SplitRunner(backend, built.plan, cfg.workers, writer.write, cfg.name)
@@ -434,7 +434,7 @@ async def run_benchmark(
         summary["classes"] = summarize_classes(
             outcome.records, outcome.elapsed_s, built.class_arrivals, slos, cfg.max_p99_lag_ms / 1e3
         )
-    if cfg.workers > 1:
+    if cfg.workers != 1:
         from loadgen.per_worker import judge_workers
 
         judge_workers(summary, outcome.records)

@@ -75,7 +75,9 @@ class RunConfig:
     duration: float | None = None
     warmup: int = 0
     seed: int = 0
-    workers: int = 1  # processes sending the load (loadgen/split_runner.py); 1: this one
+    # processes sending the load (loadgen/split_runner.py); 1: this one; "auto": picked at
+    # start (loadgen/worker_count.py), then the N picked
+    workers: int | str = 1
     # workload
     input_len: str | None = None  # None: 256; a trace or dataset gives its own
     input_len_after_template: bool = False  # chat: --input-len counts the templated prompt

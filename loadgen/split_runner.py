@@ -31,14 +31,10 @@ START_DELAY_S = 0.1  # t0 this far after the last worker is ready: each hears of
 STOP_WAIT_S = 15.0  # a stopped worker has this long to send its last records, then is killed
 
 
-def parse_workers(value: Any) -> int:
-    """--workers N (a whole number >= 1); `auto` is refused until it is built."""
+def parse_workers(value: Any) -> int | str:
+    """--workers N (a whole number >= 1) or `auto` (loadgen/worker_count.py picks N at start)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
-        raise ValueError(
-            "--workers auto is not built yet (it would pick N from the rate and the capacity "
-            "of one worker measured at start): give a number, e.g. --workers 2; "
-            "benchmarks/loadgen_capacity.py --workers N measures what N keeps"
-        )
+        return "auto"
     try:
         workers = int(value)
     except (TypeError, ValueError):
@@ -52,8 +48,7 @@ def check_split(cfg: Any) -> None:
     """What a run from several worker processes cannot be: the engine in this process (it
     cannot be split across processes), or a load whose sends depend on one shared state (a
     closed loop's free slots, a cap on requests in flight)."""
-    parse_workers(cfg.workers)
-    if cfg.workers == 1:
+    if parse_workers(cfg.workers) == 1:
         return
     for given, what in (
         (cfg.in_process, "--in-process runs the bundled engine in this process"),
@@ -100,6 +95,8 @@ class SplitRunner:
     ) -> None:
         if plan.offsets is None or plan.concurrency:
             raise ValueError("worker processes send an open-loop schedule without a cap")
+        if not isinstance(workers, int):  # "auto": loadgen/worker_count.py resolves it first
+            raise TypeError(f"workers={workers!r}: resolve --workers auto before the run")
         self.backend, self.plan, self.n = backend, plan, workers
         self.on_record, self.run_id = on_record, run_id
         self.progress = Progress(total=plan.total)

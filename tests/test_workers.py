@@ -208,7 +208,7 @@ def test_the_late_worker_is_named_in_the_printed_table_and_the_report(tmp_path: 
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
-        ({"workers": "auto"}, "--workers auto is not built yet"),
+        ({"workers": "auto", "concurrency": 4}, "--workers auto: --concurrency"),
         ({"workers": "0"}, "expected a whole number >= 1"),
         ({"workers": "2", "in_process": True}, "cannot be split across processes"),
         ({"workers": "2", "engine_kind": "sim"}, "cannot be split across processes"),
