@@ -323,6 +323,10 @@ def run(
             "measurement at start): an open-loop schedule to an HTTP server"
         ),
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        Opt(help="run the --workers as Ray actors on this cluster (ADDR, or local)"),
+    ] = None,
     input_len: Annotated[
         str | None, Opt(help="N | uniform:lo:hi | normal:mean:std | lognormal:mean:sigma")
     ] = None,

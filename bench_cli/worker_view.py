@@ -54,11 +54,23 @@ def _title(summary: dict[str, Any]) -> str:
     return title + (" on Ray" if offsets else "")
 
 
+def clock_text(summary: dict[str, Any]) -> str:
+    """Ray workers: where each ran and its clock's offset to the driver's, with the
+    uncertainty of that measurement (the timelines place its events with it)."""
+    parts = [
+        f"worker {c['worker']} on {c['node']} (pid {c['pid']}): clock offset "
+        f"{c['offset_s'] * 1e3:+.3f} ms +- {c['uncertainty_s'] * 1e3:.3f} ms"
+        for c in summary.get("clock_offsets") or []
+    ]
+    return "; ".join(parts)
+
+
 def worker_table(summary: dict[str, Any]) -> Table | None:
     rows = worker_rows(summary)
     if not rows:
         return None
-    table = Table(title=_title(summary), title_justify="left")
+    caption = clock_text(summary) or None
+    table = Table(title=_title(summary), title_justify="left", caption=caption)
     for col in COLUMNS:
         table.add_column(col, justify="right", no_wrap=col != "kept to schedule")
     for cells in rows:
@@ -76,7 +88,9 @@ def worker_table_html(summary: dict[str, Any]) -> str:
     for cells in rows:
         style = " style='background:#f8d7da;font-weight:bold'" if cells[-1] != "yes" else ""
         body += f"<tr{style}>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells) + "</tr>"
-    return f"<h3>{html.escape(_title(summary))}</h3><table><tr>{head}</tr>{body}</table>"
+    clock = clock_text(summary)
+    clock = f"<p>{html.escape(clock)}</p>" if clock else ""
+    return f"<h3>{html.escape(_title(summary))}</h3><table><tr>{head}</tr>{body}</table>{clock}"
 
 
 def _ms(seconds: float | None) -> str:
