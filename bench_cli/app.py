@@ -318,7 +318,14 @@ def run(
     seed: Annotated[int | None, Opt(help="seeds arrivals and prompts")] = None,
     workers: Annotated[
         str | None,
-        Opt(help="processes sending the load (default 1): an open-loop schedule to an HTTP server"),
+        Opt(
+            help="processes sending the load (default 1), or auto (from the rate and a "
+            "measurement at start): an open-loop schedule to an HTTP server"
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        Opt(help="run the --workers as Ray actors on this cluster (ADDR, or local)"),
     ] = None,
     input_len: Annotated[
         str | None, Opt(help="N | uniform:lo:hi | normal:mean:std | lognormal:mean:sigma")

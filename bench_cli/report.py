@@ -23,6 +23,7 @@ from bench_cli.sweep_grid import grid
 from bench_cli.sweep_table import INVALID_TEXT, invalid
 from bench_cli.sweep_verdict import slo_of, verdict_html
 from bench_cli.tables import sim_title
+from bench_cli.worker_view import worker_table_html
 from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.records import RequestRecord, TokenTimes, read_records
 
@@ -633,7 +634,7 @@ def run_report(run: Path, embed: bool = True, records: list[RequestRecord] | Non
         utilization = utilization_text(steps, peak)
     head = {label: summary.get(key) for key, label in RUN_HEADLINE}
     table = pd.DataFrame([head]).to_html(index=False, float_format=_number, na_rep="-")
-    table += _latency_table(summary) + _class_table(summary)
+    table += _latency_table(summary) + _class_table(summary) + worker_table_html(summary)
     warnings = "".join(f"<li>{html.escape(w)}</li>" for w in summary.get("warnings", []))
     intro = html.escape(describe_run(summary, run.name))
     if utilization:

@@ -135,7 +135,10 @@ def _run_one(
     built = build_plan(cfg, tokenizer)
     for note in built.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
+    workers = _auto_workers(cfg, built.plan.offsets, console)
     config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
+    if workers is not None:
+        config["workers_auto"] = workers
     if isinstance(server_info, ServerInfo):  # an external server: what it said it is
         config["server"] = server_info.describe()
     config["load"] = _load_text(cfg)  # in words, for the report's subtitle
@@ -209,6 +212,22 @@ def _run_one(
 
         run_report(out_dir, records=outcome.records)
     return summary
+
+
+def _auto_workers(cfg: RunConfig, offsets: Any, console: Console) -> dict[str, Any] | None:
+    """--workers auto: the N picked, and why, said before the run (and kept in config.json)."""
+    from dataclasses import asdict
+
+    from loadgen.worker_count import resolve_workers
+
+    if cfg.workers != "auto":
+        return None
+    with console.status("--workers auto: measuring what one worker keeps ..."):
+        choice = resolve_workers(cfg, offsets)
+    assert choice is not None
+    style = "yellow" if choice.needed > choice.workers else "cyan"
+    console.print(f"[{style}]{escape(choice.reason())}[/]", highlight=False)
+    return asdict(choice) | {"reason": choice.reason()}
 
 
 def _detected_server(cfg: RunConfig, console: Console) -> Any:

@@ -9,6 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bench_cli.outcome import notices
+from bench_cli.worker_view import worker_table
 from loadgen.metrics import DISTRIBUTIONS, STATS
 from loadgen.redact import printable
 
@@ -71,6 +72,8 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
         tables.append(turn_table(summary["multi_turn"]))
     if summary.get("classes"):
         tables.append(class_table(summary["classes"]))
+    if (workers := worker_table(summary)) is not None:
+        tables.append(workers)
     return tables
 
 

@@ -391,10 +391,10 @@ async def run_benchmark(
     writer = RecordWriter(out_dir / "requests.jsonl", getattr(backend, "time_texts", None))
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
     times = {"clock": clock.time} if clock is not None else {}
-    if cfg.workers > 1:  # the schedule sent from worker processes (loadgen/split_runner.py)
-        from loadgen.split_runner import SplitRunner
+    if cfg.workers != 1 or cfg.ray_address:  # from worker processes (loadgen/split_runner.py)
+        from loadgen.split_runner import split_runner
 
-        runner: Any = SplitRunner(backend, built.plan, cfg.workers, writer.write, cfg.name)
+        runner: Any = split_runner(cfg, backend, built.plan, writer.write)
     else:
         runner = LoadRunner(backend, built.plan, writer.write, cfg.name, **times)
     loop = asyncio.get_running_loop()
@@ -434,11 +434,11 @@ async def run_benchmark(
         summary["classes"] = summarize_classes(
             outcome.records, outcome.elapsed_s, built.class_arrivals, slos, cfg.max_p99_lag_ms / 1e3
         )
-    if cfg.workers > 1:
+    if cfg.workers != 1 or cfg.ray_address:
         from loadgen.per_worker import judge_workers
 
         judge_workers(summary, outcome.records)
-        summary["worker_failure"] = runner.failure
+        runner.describe(summary)  # a dead worker; Ray workers' clock offsets
     summary["interrupted"] = outcome.interrupted
     summary["stop_signal"] = runner.stop_signal
     summary["stopped_in"] = runner.phase if outcome.interrupted else None

@@ -75,7 +75,10 @@ class RunConfig:
     duration: float | None = None
     warmup: int = 0
     seed: int = 0
-    workers: int = 1  # processes sending the load (loadgen/split_runner.py); 1: this one
+    # processes sending the load (loadgen/split_runner.py); 1: this one; "auto": picked at
+    # start (loadgen/worker_count.py), then the N picked
+    workers: int | str = 1
+    ray_address: str | None = None  # the workers as Ray actors (loadgen/ray_runner.py)
     # workload
     input_len: str | None = None  # None: 256; a trace or dataset gives its own
     input_len_after_template: bool = False  # chat: --input-len counts the templated prompt
@@ -216,7 +219,7 @@ class RunConfig:
             raise ValueError(f"top_k must be >= 1 (or -1: off), got {self.top_k}")
         if self.naive_batch is not None:
             self._validate_naive()
-        if self.workers != 1:
+        if self.workers != 1 or self.ray_address:
             from loadgen.split_runner import check_split
 
             check_split(self)

@@ -56,5 +56,5 @@ def judge_workers(summary: dict[str, Any], records: Sequence[RequestRecord]) -> 
     for row in late:
         summary["warnings"].append(
             f"worker {row['worker']} fell behind its schedule: p99 lag "
-            f"{row['schedule_lag_s']['p99'] * 1e3:.1f} ms > {limit * 1e3:.0f} ms"
+            f"{row['schedule_lag_s']['p99'] * 1e3:.1f} ms > {limit * 1e3:g} ms"
         )

@@ -31,14 +31,10 @@ START_DELAY_S = 0.1  # t0 this far after the last worker is ready: each hears of
 STOP_WAIT_S = 15.0  # a stopped worker has this long to send its last records, then is killed
 
 
-def parse_workers(value: Any) -> int:
-    """--workers N (a whole number >= 1); `auto` is refused until it is built."""
+def parse_workers(value: Any) -> int | str:
+    """--workers N (a whole number >= 1) or `auto` (loadgen/worker_count.py picks N at start)."""
     if isinstance(value, str) and value.strip().lower() == "auto":
-        raise ValueError(
-            "--workers auto is not built yet (it would pick N from the rate and the capacity "
-            "of one worker measured at start): give a number, e.g. --workers 2; "
-            "benchmarks/loadgen_capacity.py --workers N measures what N keeps"
-        )
+        return "auto"
     try:
         workers = int(value)
     except (TypeError, ValueError):
@@ -52,8 +48,12 @@ def check_split(cfg: Any) -> None:
     """What a run from several worker processes cannot be: the engine in this process (it
     cannot be split across processes), or a load whose sends depend on one shared state (a
     closed loop's free slots, a cap on requests in flight)."""
-    parse_workers(cfg.workers)
-    if cfg.workers == 1:
+    if cfg.ray_address and parse_workers(cfg.workers) == "auto":
+        raise ValueError(
+            "--ray-address with --workers auto: auto counts this machine's cores; give the "
+            "number of Ray workers, e.g. --workers 4"
+        )
+    if parse_workers(cfg.workers) == 1 and not cfg.ray_address:
         return
     for given, what in (
         (cfg.in_process, "--in-process runs the bundled engine in this process"),
@@ -74,6 +74,22 @@ def check_split(cfg: Any) -> None:
         )
 
 
+def split_runner(
+    cfg: Any,
+    backend: Backend,
+    plan: LoadPlan,
+    on_record: Callable[[RequestRecord], None] | None,
+) -> SplitRunner:
+    """The runner for --workers N: local processes, or Ray actors with --ray-address."""
+    if cfg.ray_address:
+        from loadgen.ray_runner import RaySplitRunner
+
+        return RaySplitRunner(
+            backend, plan, cfg.workers, on_record, cfg.name, address=cfg.ray_address
+        )
+    return SplitRunner(backend, plan, cfg.workers, on_record, cfg.name)
+
+
 @dataclass(slots=True)
 class WorkerState:
     process: Any  # multiprocessing's SpawnProcess
@@ -87,6 +103,7 @@ class WorkerState:
     error: str | None = None  # its traceback, when it raised
     exit_code: int | None = None
     records: int = 0
+    clock_offset_s: float = 0.0  # its perf_counter minus the driver's (0: this machine)
 
 
 class SplitRunner:
@@ -100,6 +117,8 @@ class SplitRunner:
     ) -> None:
         if plan.offsets is None or plan.concurrency:
             raise ValueError("worker processes send an open-loop schedule without a cap")
+        if not isinstance(workers, int):  # "auto": loadgen/worker_count.py resolves it first
+            raise TypeError(f"workers={workers!r}: resolve --workers auto before the run")
         self.backend, self.plan, self.n = backend, plan, workers
         self.on_record, self.run_id = on_record, run_id
         self.progress = Progress(total=plan.total)
@@ -130,6 +149,10 @@ class SplitRunner:
             _tell(w, ("stop",))
         if self._events is not None:
             self._events.put_nowait(("wake",))
+
+    def describe(self, summary: dict[str, Any]) -> None:
+        """What the summary keeps of the workers beyond their records."""
+        summary["worker_failure"] = self.failure
 
     def jobs(self) -> list[WorkerJob]:
         """The schedule split by arrival index, worker 0 with the test request."""
@@ -165,26 +188,7 @@ class SplitRunner:
     async def run(self) -> RunOutcome:
         loop = asyncio.get_running_loop()
         self._events = asyncio.Queue()
-        ctx = mp.get_context("spawn")
-        readers = []
-        for job in self.jobs():
-            cmd_read, cmd_write = ctx.Pipe(duplex=False)
-            res_read, res_write = ctx.Pipe(duplex=False)
-            proc = ctx.Process(
-                target=worker_main,
-                args=(job, cmd_read, res_write),
-                name=f"bench-worker-{job.worker}",
-                daemon=True,
-            )
-            proc.start()
-            cmd_read.close()  # the worker's ends: closed here, so a dead worker reads as EOF
-            res_write.close()
-            self._workers.append(WorkerState(proc, cmd_write))
-            readers.append(res_read)
-        thread = threading.Thread(
-            target=_read_all, args=(readers, self._workers, loop, self._events)
-        )
-        thread.start()
+        thread = await self._start_workers(loop, self._events)
         try:
             await self._lead()
         finally:
@@ -207,6 +211,31 @@ class SplitRunner:
             self.records, self.warmup_records, elapsed, interrupted, self.t0, self.stopped_early
         )
 
+    async def _start_workers(
+        self, loop: asyncio.AbstractEventLoop, events: asyncio.Queue
+    ) -> threading.Thread:
+        """A spawned process a job, and the thread that posts their messages to `events`
+        (loadgen/ray_runner.py puts them on Ray actors instead)."""
+        ctx = mp.get_context("spawn")
+        readers = []
+        for job in self.jobs():
+            cmd_read, cmd_write = ctx.Pipe(duplex=False)
+            res_read, res_write = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=worker_main,
+                args=(job, cmd_read, res_write),
+                name=f"bench-worker-{job.worker}",
+                daemon=True,
+            )
+            proc.start()
+            cmd_read.close()  # the worker's ends: closed here, so a dead worker reads as EOF
+            res_write.close()
+            self._workers.append(WorkerState(proc, cmd_write))
+            readers.append(res_read)
+        thread = threading.Thread(target=_read_all, args=(readers, self._workers, loop, events))
+        thread.start()
+        return thread
+
     async def _lead(self) -> None:
         """The phases, each once every worker is at its gate: test request, warm-up, load."""
         workers = self._workers
@@ -222,8 +251,8 @@ class SplitRunner:
             return
         self.t0 = time.perf_counter() + START_DELAY_S
         self.phase = "load"
-        for w in workers:
-            _tell(w, ("go", "load", self.t0))
+        for w in workers:  # each on its own clock (a Ray worker on another host)
+            _tell(w, ("go", "load", self.t0 + w.clock_offset_s))
         await self._until(lambda: all(w.phase == "drain" or w.done for w in workers))
         if not self._stopped:
             self.phase = "drain"

@@ -116,14 +116,23 @@ def worker_main(job: WorkerJob, commands: Connection, results: Connection) -> No
     """A worker process's entry (multiprocessing, spawn)."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
+    if not run_worker(job, commands, results):
+        sys.exit(1)
+
+
+def run_worker(job: WorkerJob, commands: Any, results: Any) -> bool:
+    """The worker's whole life, whatever carries its messages: multiprocessing's pipes here,
+    queues behind a Ray actor's methods in loadgen/ray_runner.py (anything with the
+    Connection's recv and send). False when it raised (its traceback sent as "error")."""
     out = Outbox(results, job.worker)
     try:
         run_event_loop(_work(job, commands, out))
     except BaseException:
         out.put(("error", job.worker, traceback.format_exc()))
         out.close()
-        sys.exit(1)
+        return False
     out.close()
+    return True
 
 
 async def _work(job: WorkerJob, commands: Connection, out: Outbox) -> None:

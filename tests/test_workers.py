@@ -176,13 +176,39 @@ def test_one_late_worker_makes_the_run_invalid_though_the_merged_p99_is_kept() -
     assert [w["valid"] for w in summary["workers"]] == [True, False]
     assert any("worker 1 fell behind" in w for w in summary["warnings"])
     invalid = [n for n in notices(summary) if n.label == "INVALID RUN"]
-    assert invalid and "worker 1's p99 schedule lag 50.0 ms > 10 ms" in invalid[0].text
+    assert invalid and "p99 schedule lag over 10 ms: worker 1's 50.0 ms" in invalid[0].text
+
+
+def test_the_late_worker_is_named_in_the_printed_table_and_the_report(tmp_path: Path) -> None:
+    from bench_cli.report import run_report
+    from bench_cli.tables import print_result
+
+    recs = [_rec(i, 0, 0.0) for i in range(200)] + [_rec(200 + i, 1, 0.05) for i in range(4)]
+    recs += [_rec(300, 2, 0.05)]
+    summary = summarize(recs, 3.0, max_p99_lag_s=0.01)
+    judge_workers(summary, recs)
+    buf = io.StringIO()
+    print_result(Console(file=buf, width=160), summary, "run")
+    lines = buf.getvalue().splitlines()
+    assert any(line.startswith("Per worker (3 processes)") for line in lines)
+    row = {line.split("│")[1].strip(): line for line in lines if line.count("│") == 10}
+    assert set(row) == {"0", "1", "2"}
+    assert "NO: LATE" in row["1"] and "NO: LATE" in row["2"] and "yes" in row["0"]
+    cells = [c.strip() for c in row["1"].split("│")[1:-1]]
+    assert cells[:3] == ["1", "4", "4"] and cells[4] == "50.00"  # sent, ok, lag p99 (ms)
+    text = " ".join(buf.getvalue().split())
+    assert "INVALID RUN" in text and "worker 1's 50.0 ms, worker 2's 50.0 ms" in text
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "requests.jsonl").write_text("".join(r.to_json() + "\n" for r in recs))
+    page = run_report(tmp_path, embed=False).read_text()
+    assert "Per worker (3 processes)" in page and page.count("NO: LATE") == 2
+    assert "worker 1&#x27;s 50.0 ms" in page
 
 
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
-        ({"workers": "auto"}, "--workers auto is not built yet"),
+        ({"workers": "auto", "concurrency": 4}, "--workers auto: --concurrency"),
         ({"workers": "0"}, "expected a whole number >= 1"),
         ({"workers": "2", "in_process": True}, "cannot be split across processes"),
         ({"workers": "2", "engine_kind": "sim"}, "cannot be split across processes"),
