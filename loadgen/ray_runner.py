@@ -18,6 +18,7 @@ import queue
 import socket
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,16 +176,32 @@ class RaySplitRunner(SplitRunner):
         for w in range(self.n):
             strategy = PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=w)
             actors.append(remote.options(scheduling_strategy=strategy).remote())
-        for w, (actor, job) in enumerate(zip(actors, self.jobs(), strict=True)):
-            offset = measure_offset(ray, actor, w)
-            self.clock_offsets.append(offset)
+        self.clock_offsets = [measure_offset(ray, actor, w) for w, actor in enumerate(actors)]
+        try:
+            self._check_reachable()
+        except RuntimeError:
+            ray.util.remove_placement_group(self._group)
+            for actor in actors:
+                ray.kill(actor)
+            raise
+        for actor, job, offset in zip(actors, self.jobs(), self.clock_offsets, strict=True):
             handle = _ActorHandle(ray, actor, offset.pid)
-            state = WorkerState(handle, handle, clock_offset_s=offset.offset_s)
-            self._workers.append(state)
+            self._workers.append(WorkerState(handle, handle, clock_offset_s=offset.offset_s))
             ray.get(actor.start.remote(job))
         thread = threading.Thread(target=self._read_all, args=(ray, actors, loop, events))
         thread.start()
         return thread
+
+    def _check_reachable(self) -> None:
+        """A server on this machine's loopback is out of reach of workers on other hosts: say
+        so before the load starts, not as every request failing."""
+        host = urllib.parse.urlsplit(getattr(self.backend, "url", "") or "").hostname or ""
+        away = sorted({c.node for c in self.clock_offsets} - {socket.gethostname()})
+        if away and (host == "localhost" or host.startswith("127.") or host == "::1"):
+            raise RuntimeError(
+                f"the server is at {host}, this machine's loopback, but Ray placed workers on "
+                f"{', '.join(away)}: give the server an address the cluster can reach"
+            )
 
     def _read_all(
         self, ray: Any, actors: list[Any], loop: asyncio.AbstractEventLoop, events: asyncio.Queue

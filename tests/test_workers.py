@@ -233,3 +233,23 @@ def test_a_failed_test_request_stops_every_worker_at_once(tmp_path: Path) -> Non
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["test_request"]["status"] == "error" and summary["worker_failure"] is None
     assert (tmp_path / "run" / "requests.jsonl").read_text() == ""
+
+
+def test_ray_workers_on_other_hosts_cannot_reach_a_loopback_server() -> None:
+    """Placed on another node, a worker would fail every request to 127.0.0.1: the run says
+    so before the load starts (no Ray needed to check the rule)."""
+    import socket
+    from types import SimpleNamespace
+
+    from loadgen.ray_runner import ClockOffset, RaySplitRunner
+
+    runner = object.__new__(RaySplitRunner)
+    here = socket.gethostname()
+    runner.clock_offsets = [ClockOffset(0, here, 1, 0.0, 1e-4)]
+    runner.backend = SimpleNamespace(url="http://127.0.0.1:8000/v1/completions")
+    runner._check_reachable()  # every worker on this machine: fine
+    runner.clock_offsets.append(ClockOffset(1, "node-b", 2, 0.0, 1e-4))
+    with pytest.raises(RuntimeError, match="placed workers on node-b"):
+        runner._check_reachable()
+    runner.backend = SimpleNamespace(url="http://10.0.0.5:8000/v1/completions")
+    runner._check_reachable()  # an address the cluster can reach
