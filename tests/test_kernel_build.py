@@ -33,6 +33,19 @@ def test_build_folder_is_keyed_by_source_content_not_path(ext_root: Path, tmp_pa
     assert fa != cpu_kernels.build_directory(a, [*FLAGS, "-mavx2"])
 
 
+def test_each_torch_install_has_its_own_build(
+    ext_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two virtualenvs with the same torch version compile against their own headers: one
+    folder for both made each rebuild it in turn (a fresh clone's CI beside a checkout)."""
+    source = tmp_path / "cpu_kernels.cpp"
+    source.write_text("int x;")
+    here = cpu_kernels.build_directory(source, FLAGS)
+    assert here.parent == ext_root  # TORCH_EXTENSIONS_DIR is where builds go
+    monkeypatch.setattr(torch, "__file__", str(tmp_path / "other-venv" / "torch" / "__init__.py"))
+    assert cpu_kernels.build_directory(source, FLAGS) != here
+
+
 def test_a_stale_torch_lock_is_removed_under_the_build_lock(tmp_path: Path) -> None:
     (tmp_path / "lock").touch()  # what torch's FileBaton leaves when its builder is killed
     with cpu_kernels.build_lock(tmp_path, timeout_s=1):

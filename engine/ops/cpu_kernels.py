@@ -66,16 +66,19 @@ def build_flags(cap: str) -> list[str]:
 
 
 def build_directory(sources: Path | Sequence[Path], flags: list[str]) -> Path:
-    """The folder for these sources (headers too), these flags and this torch, under torch's
-    extension root (TORCH_EXTENSIONS_DIR is honoured), with the sources copied in."""
+    """The folder for these sources (headers too), these flags and this torch (its version
+    and where it is installed: two virtualenvs compile against their own headers, and sharing
+    a folder would make each rebuild it in turn), under torch's extension root
+    (TORCH_EXTENSIONS_DIR, else torch's default), with the sources copied in."""
     from torch.utils.cpp_extension import get_default_build_root
 
     sources = [sources] if isinstance(sources, Path) else list(sources)
     key = hashlib.sha256()
     for source in sources:
         key.update(source.name.encode() + b"\0" + source.read_bytes())
-    key.update(" ".join([*flags, torch.__version__]).encode())
-    folder = Path(get_default_build_root()) / f"servebench-{key.hexdigest()[:16]}"
+    key.update(" ".join([*flags, torch.__version__, str(Path(torch.__file__).parent)]).encode())
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    folder = Path(root) / f"servebench-{key.hexdigest()[:16]}"
     folder.mkdir(parents=True, exist_ok=True)
     for source in sources:
         copy = folder / source.name
