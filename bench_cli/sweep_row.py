@@ -89,8 +89,10 @@ def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, A
     for key in dict.fromkeys(k for r in runs for k in r):  # every run's keys, in order
         values = np.array([r[key] for r in runs if r.get(key) is not None], dtype=np.float64)
         row[key] = float(values.mean()) if len(values) else None
-        if len(summaries) > 1:
+        if len(summaries) > 1:  # a metric no run had (an older summary's): no spread
             std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
             row[f"{key}.std"] = std
-            row[f"{key}.ci95"] = t975(len(values) - 1) * std / math.sqrt(len(values))
+            row[f"{key}.ci95"] = (
+                t975(len(values) - 1) * std / math.sqrt(len(values)) if len(values) else math.nan
+            )
     return row

@@ -135,3 +135,10 @@ def test_a_toy_metric_declared_once_reaches_every_surface(
     assert checked.passed and checked.current == 3.0
     # the docs' metric reference
     assert f"| `{toy.name}` | tokens | higher | {toy.definition} |" in metrics_page()
+
+
+def test_repeats_of_summaries_without_a_newer_metric_aggregate_to_empty_cells() -> None:
+    old = {k: v for k, v in summarize(records(), 2.5).items() if k != "peak_output_throughput"}
+    row = aggregate(SweepPoint(0, {"rate": 1.0}, {}), [old, old])
+    assert row["peak_output_throughput"] is None
+    assert row["completed.ci95"] == 0.0
