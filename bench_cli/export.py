@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -14,6 +15,8 @@ from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+from loadgen import metric_registry
 
 PACKAGES = ("servebench", "torch", "aiohttp", "numpy", "pandas", "tokenizers", "rich", "typer")
 
@@ -82,15 +85,51 @@ def _finite(value: Any) -> Any:
 
 
 def write_summary(out_dir: Path, summary: dict[str, Any]) -> None:
-    import pandas as pd
-
     write_json(out_dir / "summary.json", summary)
-    flat = {k: v for k, v in summary.items() if k not in ("definitions", "warnings")}
-    row = pd.json_normalize(flat, sep=".")
-    for col in row.columns:  # lists (warnings, SLO tuples) as JSON text in one cell
-        if isinstance(row.at[0, col], list | dict):
-            row[col] = row[col].map(json.dumps)
-    row.to_csv(out_dir / "summary.csv", index=False)
+    row = summary_row(summary)
+    with open(out_dir / "summary.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(row)
+        writer.writerow(row.values())
+
+
+COUNT_UNITS = ("requests", "tokens", "blocks")
+
+
+def summary_row(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json as summary.csv's one row: nested objects flattened to dotted columns, a
+    rate's unit in its column's name (`output_throughput_tok_per_s`), counts as integers,
+    booleans as True/False, lists as JSON, None and NaN as an empty cell."""
+    row: dict[str, Any] = {}
+    for key, value in _flatten(summary, ("definitions", "warnings")):
+        *path, last = key.split(".")
+        m = metric_registry.metric(key) or metric_registry.metric(last)
+        if m is not None:
+            key = ".".join([*path, m.column.rsplit(".", 1)[-1]])
+            if m.unit in COUNT_UNITS and isinstance(value, float) and value.is_integer():
+                value = int(value)
+        row[key] = _cell(value)
+    return row
+
+
+def _flatten(d: dict[str, Any], skip: tuple[str, ...] = (), prefix: str = "") -> list:
+    out: list[tuple[str, Any]] = []
+    for k, v in d.items():
+        if k in skip:
+            continue
+        if isinstance(v, dict):
+            out += _flatten(v, (), f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _cell(value: Any) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, list | tuple):
+        return json.dumps(_finite(value), default=str)
+    return value
 
 
 def environment() -> dict[str, Any]:

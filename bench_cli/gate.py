@@ -16,19 +16,9 @@ from typing import Any
 import numpy as np
 
 from bench_cli.sweep_grid import grid
+from loadgen import metric_registry
 from loadgen.config import RunConfig
-from loadgen.metrics import DISTRIBUTIONS, STATS
-
-# Summary metrics where more is better; the latency distributions and failure counts are the
-# other way round. Anything else cannot be gated.
-HIGHER_IS_BETTER = {
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "goodput",
-    "completed",
-}
-LOWER_IS_BETTER = {"failed", "cancelled", "duration_s"}
+from loadgen.metrics import STATS
 
 
 class GateInputError(ValueError):
@@ -67,16 +57,26 @@ class Limit:
 
 
 def direction(metric: str) -> int:
-    """+1 when higher is better, -1 when lower is better."""
-    if metric in HIGHER_IS_BETTER:
-        return 1
-    if metric in LOWER_IS_BETTER:
-        return -1
-    dist, _, stat = metric.partition(".")
-    if dist in DISTRIBUTIONS and stat in STATS:
-        return -1
-    known = sorted(HIGHER_IS_BETTER | LOWER_IS_BETTER) + [f"{d}.p99" for d in sorted(DISTRIBUTIONS)]
-    raise GateInputError(f"metric {metric!r} cannot be gated; known: {', '.join(known)}, ...")
+    """+1 when higher is better, -1 when lower is better: the metric registry's direction of a
+    scalar, or of a distribution's statistic (`ttft_s.p99`)."""
+    m = metric_registry.metric(metric)
+    if m is None:  # a distribution's statistic?
+        dist, _, stat = metric.partition(".")
+        d = metric_registry.metric(dist)
+        m = d if d is not None and d.kind == "distribution" and stat in STATS else None
+    elif m.kind == "distribution":
+        raise GateInputError(f"metric {metric!r} is a distribution: name a statistic, {metric}.p99")
+    if m is None or not m.sign:
+        why = " (neither higher nor lower is better)" if m is not None else ""
+        raise GateInputError(f"metric {metric!r} cannot be gated{why}; known: {_known()}, ...")
+    return m.sign
+
+
+def _known() -> str:
+    """The gateable metrics, for an error message: scalars, then each distribution's p99."""
+    gated = [m for m in metric_registry.METRICS.values() if m.sign]
+    scalars = sorted(m.name for m in gated if m.kind != "distribution")
+    return ", ".join(scalars + [f"{m.name}.p99" for m in gated if m.kind == "distribution"])
 
 
 # What a run was measured under: two runs that differ here were not given the same load (or

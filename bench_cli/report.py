@@ -24,7 +24,8 @@ from bench_cli.sweep_table import INVALID_TEXT, invalid
 from bench_cli.sweep_verdict import slo_of, verdict_html
 from bench_cli.tables import sim_title
 from bench_cli.worker_view import worker_table_html
-from loadgen.metrics import DISTRIBUTIONS, STATS
+from loadgen.metric_registry import distributions
+from loadgen.metrics import STATS, Latencies
 from loadgen.records import RequestRecord, TokenTimes, read_records
 
 Figure = go.Figure
@@ -51,17 +52,14 @@ def _cdf(fig: Figure, values: Sequence[float], name: str, row: int, col: int, **
 def _latencies(
     ok: list[RequestRecord], itl: np.ndarray | None = None
 ) -> dict[str, Sequence[float]]:
-    """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests
-    (itl: their pooled ITLs, where the caller has them)."""
+    """TTFT, ITL (within each sequence), TPOT (per sequence) and E2E of finished requests, as
+    the summary computes them (itl: their pooled ITLs, where the caller has them)."""
+    lat = Latencies.of(ok)
     return {
-        "TTFT": [r.first_chunk_s - r.send_s for r in ok],  # type: ignore[operator]
+        "TTFT": lat.ttft,
         "ITL": itl if itl is not None else TokenTimes.of(ok).gaps(ok),
-        "TPOT": [
-            (r.end_s - r.first_chunk_s) / (r.tokens_per_sequence - 1)  # type: ignore[operator]
-            for r in ok
-            if r.tokens_per_sequence > 1
-        ],
-        "E2E": [r.end_s - r.send_s for r in ok],  # type: ignore[operator]
+        "TPOT": lat.tpot,
+        "E2E": lat.e2e,
     }
 
 
@@ -549,7 +547,7 @@ def _latency_table(summary: dict[str, Any]) -> str:
     """Every latency distribution the run has, a row each, in ms, mean beside percentiles."""
     rows = []
     queued = bool((summary.get("queue_s") or {}).get("max"))
-    for key, label in DISTRIBUTIONS.items():
+    for key, label in distributions().items():
         d = summary.get(key)
         if not d or not d.get("count") or ("queue" in key and not queued):
             continue
@@ -565,7 +563,7 @@ def _class_table(summary: dict[str, Any]) -> str:
         row |= {"req/s": c["request_throughput"], "output tok/s": c["output_throughput"]}
         row["goodput (req/s)"] = c.get("goodput")
         for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-            label = DISTRIBUTIONS[key].split()[0]
+            label = distributions()[key].split()[0]
             row |= {f"{label} {s} (ms)": _ms(c[key].get(s)) for s in ("p50", "p99")}
         rows.append(row)
     if not rows:
@@ -733,7 +731,7 @@ def sweep_table_html(table: pd.DataFrame, axes: list[str], slo: str | None = Non
         for stat in ("mean", "p50", "p99"):
             if f"{key}.{stat}" in table:
                 cells = [_cell(r, f"{key}.{stat}", _ms) for _, r in table.iterrows()]
-                cols[(f"{DISTRIBUTIONS[key]} (ms)", stat)] = cells
+                cols[(f"{distributions()[key]} (ms)", stat)] = cells
     return pd.DataFrame(cols).to_html(index=False)
 
 

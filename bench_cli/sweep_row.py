@@ -1,6 +1,6 @@
-"""One sweep.csv row from a point's runs: what of each run's summary a sweep keeps (a
-selection, so the CSV stays readable), the share of requests in SLO, and each metric's mean
-over the repeats with its spread and 95 % confidence interval."""
+"""One sweep.csv row from a point's runs: every metric of each run's summary (as the metric
+registry lists them), the share of requests in SLO, and each metric's mean over the repeats
+with its spread and 95 % confidence interval."""
 
 from __future__ import annotations
 
@@ -10,20 +10,11 @@ from typing import Any
 import numpy as np
 
 from bench_cli.sweep_grid import SweepPoint
+from loadgen import metric_registry
+from loadgen.metrics import STATS
 
-# What sweep.csv keeps of each run's summary (and aggregates over repeats): a selection of
-# loadgen.metrics.DISTRIBUTIONS and STATS, so the CSV stays readable.
-KEPT_DISTRIBUTIONS = ("ttft_s", "itl_s", "tpot_s", "e2e_s", "ttft_with_queue_s", "schedule_lag_s")
-KEPT_STATS = ("mean", "p50", "p90", "p99")
-SCALARS = (
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "goodput",
-    "completed",
-    "failed",
-    "duration_s",
-)
+# A traffic class's headline in sweep.csv (the run's own metrics are all kept, from
+# loadgen.metric_registry): a mix of four classes would otherwise add hundreds of columns.
 CLASS_DISTRIBUTIONS = ("ttft_s", "itl_s", "tpot_s", "e2e_s")
 CLASS_SCALARS = ("request_throughput", "output_throughput", "goodput", "completed", "failed")
 # Student's t at 97.5 % for 1..30 degrees of freedom: 95 % two-sided confidence intervals.
@@ -36,12 +27,17 @@ def t975(df: int) -> float:
     return T975[df - 1] if df <= len(T975) else 1.96 + 2.4 / df
 
 
-def metrics_of(summary: dict[str, Any]) -> dict[str, float]:
-    out = {
-        f"{d}.{s}": summary[d][s] for d in KEPT_DISTRIBUTIONS for s in KEPT_STATS if summary.get(d)
-    }
-    out |= {k: summary[k] for k in SCALARS}
-    out["valid"] = float(summary["valid"])
+def metrics_of(summary: dict[str, Any]) -> dict[str, Any]:
+    """What sweep.csv keeps of one run: every metric of the registry its summary has (each
+    distribution's statistics as DIST.STAT, a boolean as 0/1 so repeats average to a share),
+    then the telemetry's numbers and traffic classes' headlines."""
+    out: dict[str, Any] = {}
+    for m in metric_registry.of_kind("distribution"):
+        if summary.get(m.name):
+            out |= {f"{m.name}.{s}": summary[m.name][s] for s in STATS}
+    for m in metric_registry.of_kind("scalar"):
+        value = summary.get(m.name)  # older summaries lack newer metrics: an empty cell
+        out[m.name] = float(value) if isinstance(value, bool) else value
     target = (summary.get("config") or {}).get("target") or {}
     out["simulated"] = float(target.get("kind") == "simulated")  # bench run --engine sim
     for key, value in (summary.get("telemetry") or {}).items():  # peak RSS, KV blocks, ...
@@ -93,8 +89,10 @@ def aggregate(point: SweepPoint, summaries: list[dict[str, Any]]) -> dict[str, A
     for key in dict.fromkeys(k for r in runs for k in r):  # every run's keys, in order
         values = np.array([r[key] for r in runs if r.get(key) is not None], dtype=np.float64)
         row[key] = float(values.mean()) if len(values) else None
-        if len(summaries) > 1:
+        if len(summaries) > 1:  # a metric no run had (an older summary's): no spread
             std = float(values.std(ddof=1)) if len(values) > 1 else math.nan
             row[f"{key}.std"] = std
-            row[f"{key}.ci95"] = t975(len(values) - 1) * std / math.sqrt(len(values))
+            row[f"{key}.ci95"] = (
+                t975(len(values) - 1) * std / math.sqrt(len(values)) if len(values) else math.nan
+            )
     return row

@@ -12,25 +12,26 @@ from rich.console import Console
 from rich.table import Table
 
 from bench_cli.sweep_rates import SYNC
+from loadgen import metric_registry
 
-# (column, sweep.csv key, higher is better, scale, format)
+# (column, sweep.csv key, scale, format); which way is better is the metric registry's
 COLUMNS = (
-    ("req/s", "request_throughput", True, 1.0, "{:.2f}"),
-    ("out tok/s", "output_throughput", True, 1.0, "{:.1f}"),
-    ("TTFT p99 ms", "ttft_s.p99", False, 1e3, "{:.0f}"),
-    ("ITL p99 ms", "itl_s.p99", False, 1e3, "{:.1f}"),
-    ("TPOT p99 ms", "tpot_s.p99", False, 1e3, "{:.1f}"),
-    ("goodput", "goodput", True, 1.0, "{:.2f}"),
-    ("in SLO", "slo_attainment", True, 100.0, "{:.0f}%"),
-    ("mean running", "telemetry.mean_engine_running", True, 1.0, "{:.1f}"),
-    ("preempted", "telemetry.preemptions", False, 1.0, "{:.0f}"),
+    ("req/s", "request_throughput", 1.0, "{:.2f}"),
+    ("out tok/s", "output_throughput", 1.0, "{:.1f}"),
+    ("TTFT p99 ms", "ttft_s.p99", 1e3, "{:.0f}"),
+    ("ITL p99 ms", "itl_s.p99", 1e3, "{:.1f}"),
+    ("TPOT p99 ms", "tpot_s.p99", 1e3, "{:.1f}"),
+    ("goodput", "goodput", 1.0, "{:.2f}"),
+    ("in SLO", "slo_attainment", 100.0, "{:.0f}%"),
+    ("mean running", "telemetry.mean_engine_running", 1.0, "{:.1f}"),
+    ("preempted", "telemetry.preemptions", 1.0, "{:.0f}"),
     # what sharing saves: prompt tokens computed (not served by a prefix cache), KV held
-    ("prefill tok", "prompt_tokens_computed", False, 1.0, "{:.0f}"),
-    ("prefix hits", "telemetry.prefix_cache_hit_rate", True, 100.0, "{:.0f}%"),
-    ("peak KV blocks", "telemetry.peak_engine_kv_blocks_used", False, 1.0, "{:.0f}"),
+    ("prefill tok", "prompt_tokens_computed", 1.0, "{:.0f}"),
+    ("prefix hits", "telemetry.prefix_cache_hit_rate", 100.0, "{:.0f}%"),
+    ("peak KV blocks", "telemetry.peak_engine_kv_blocks_used", 1.0, "{:.0f}"),
     # speculative decoding: accepted / draft tokens, tokens per verified draft
-    ("accepted", "telemetry.spec_acceptance_rate", True, 100.0, "{:.0f}%"),
-    ("tok/draft", "telemetry.spec_mean_acceptance_length", True, 1.0, "{:.2f}"),
+    ("accepted", "telemetry.spec_acceptance_rate", 100.0, "{:.0f}%"),
+    ("tok/draft", "telemetry.spec_mean_acceptance_length", 1.0, "{:.2f}"),
 )
 # A load is "served" when 90 % of requests meet every SLO (DistServe); --slo-target sets it.
 SLO_ATTAINMENT = 0.9
@@ -52,11 +53,11 @@ def print_comparison(
         sims = [bool(m.get("simulated")) for m in members]
         mark = " (SIMULATED)" if all(sims) else " (partly SIMULATED)" if any(sims) else ""
         cols = [c for c in COLUMNS if any(m.get(c[1]) is not None for m in members)]
-        best = {key: _best(members, key, up) for _, key, up, _, _ in cols}
+        best = {key: _best(members, key, higher(key)) for _, key, _, _ in cols}
         labels, cells = [], []
         for m in members:
             labels.append(" ".join(str(m[a]) for a in settings) or str(m["point"]))
-            cells.append([_cell(m, key, scale, fmt) for _, key, _, scale, fmt in cols])
+            cells.append([_cell(m, key, scale, fmt) for _, key, scale, fmt in cols])
         header = " ".join(settings) or "point"
         # widths that hold each column's cells whole (and its header's longest word): set,
         # so rich does not squeeze a cell to "12…"
@@ -89,6 +90,14 @@ def print_comparison(
         console.print(f"[bold red]{INVALID_TEXT.format(len(bad), len(rows))}[/]")
     if load_axes and settings:
         _print_knees(console, rows, settings, load_axes[0], target)
+
+
+def higher(key: str) -> bool:
+    """Is more better, for a sweep.csv key (`ttft_s.p99`: its distribution's direction)?"""
+    m = metric_registry.metric(key) or metric_registry.metric(key.partition(".")[0])
+    if m is None or not m.sign:
+        raise KeyError(f"{key!r}: no direction in loadgen/metric_registry.py")
+    return m.sign > 0
 
 
 def _cell(m: dict[str, Any], key: str, scale: float, fmt: str) -> str:

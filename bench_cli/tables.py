@@ -10,7 +10,8 @@ from rich.table import Table
 
 from bench_cli.outcome import notices
 from bench_cli.worker_view import worker_table
-from loadgen.metrics import DISTRIBUTIONS, STATS
+from loadgen.metric_registry import distributions
+from loadgen.metrics import STATS
 from loadgen.redact import printable
 
 
@@ -62,7 +63,7 @@ def result_tables(summary: dict[str, Any], title: str) -> list[Table]:
     for col in STATS:
         lat.add_column(col, justify="right", no_wrap=True)
     queued = bool((summary.get("queue_s") or {}).get("max"))
-    for key, label in DISTRIBUTIONS.items():
+    for key, label in distributions().items():
         d = summary.get(key)
         if not d or not d.get("count") or ("queue" in key and not queued):
             continue

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench_cli.export import RUN_FILES, write_json
-from loadgen.metrics import SLO
+from loadgen.metrics import SLO, Latencies
 from loadgen.records import RequestRecord
 
 DEFAULT_PERCENTILES = (99.0,)  # vLLM's --metric-percentiles default
@@ -38,13 +38,8 @@ def vllm_result(
         key=lambda r: r.index,
     )
     ok = [r for r in done if r.ok]
-    ttft = [_ttft(r) for r in ok]
-    e2el = [r.end_s - r.send_s for r in ok]  # type: ignore[operator]
-    tpot = [
-        (e - t) / (r.tokens_per_sequence - 1)
-        for r, t, e in zip(ok, ttft, e2el, strict=True)
-        if r.tokens_per_sequence > 1
-    ]
+    lat = Latencies.of(ok)  # as the summary computes them
+    ttft, e2el, tpot = lat.ttft.tolist(), lat.e2e.tolist(), lat.tpot.tolist()
     itl = [g for r in ok for g in _itl(r)]
     duration = summary["duration_s"]
     rate = _rate(run)

@@ -14,60 +14,15 @@ from typing import Any
 import numpy as np
 
 from loadgen.arrivals import Arrivals, ks_pvalue, ks_statistic, ks_two_sample
+from loadgen.metric_registry import computed, definitions, distributions
 from loadgen.records import RequestRecord, TokenTimes
 
-DEFINITIONS = {
-    "ttft": "first chunk carrying output - send",
-    "itl": "every gap between successive output chunks of one sequence (with n > 1: of one "
-    "choice), pooled over requests (vLLM)",
-    "itl_per_token": "each gap spread evenly over its chunk's tokens",
-    "tpot": "(e2e - ttft) / (output_tokens / n - 1) per request (n: completions asked for); "
-    "the first token excluded (vLLM)",
-    "e2e": "last chunk or end of stream - send",
-    "queue": "wait for a free slot under a concurrency cap (not in ttft or e2e)",
-    "ttft_with_queue": "ttft + queue: what a user behind the cap would see",
-    "schedule_lag": "send - scheduled - queue: how late the client itself was",
-    "goodput": "completed requests per second that met every SLO (DistServe), TTFT and E2E "
-    "judged with the queue wait included",
-    "request_throughput": "completed requests / duration",
-    "output_throughput": "output tokens of the completed requests / duration",
-    "total_token_throughput": "(prompt + output) tokens of the completed requests / duration",
-    "completed": "requests that ended with a full answer (warm-up requests not counted)",
-    "failed": "requests that ended in an error (HTTP status, timeout, broken or aborted stream)",
-    "cancelled": "requests in flight when the run was interrupted",
-    "total_input_tokens": "prompt tokens of the completed requests (the server's usage, else "
-    "our tokenizer)",
-    "total_cached_tokens": "of those, served from the server's prefix cache (its usage's "
-    "prompt_tokens_details.cached_tokens; null where it does not report them)",
-    "total_output_tokens": "output tokens of the completed requests",
-    "max_p99_lag_s": "the p99 schedule lag above which a run is INVALID (--max-p99-lag-ms)",
-    "valid": "false when the p99 schedule lag exceeded max_p99_lag_s: the load offered was not "
-    "the load asked for",
-    "duration": "first scheduled send to the end of the last request",
-    "peak_output_throughput": "most output tokens stamped (by their chunk's time) in one 1-s "
-    "window counted from the first send (vLLM's max_output_tokens_per_s; vLLM counts a chunk "
-    "as one token)",
-    "peak_concurrent_requests": "most completed requests in flight at once, over [send, end) "
-    "(vLLM's max_concurrent_requests: failed requests not counted)",
-    "ttft_growth": "median ttft_with_queue of the requests that arrived in the first and in the "
-    "last quarter of an open loop's arrival span; it grew when the last is over twice the first "
-    "and 50 ms more (a queue building up through the run)",
-}
+# What each metric meant and each distribution's table label, as the registry declares them
+# (at import; code that must see metrics added later calls the registry's functions).
+DEFINITIONS = definitions()
 PERCENTILES = (50, 90, 95, 99)
 STATS = ("mean", *(f"p{p}" for p in PERCENTILES), "max")  # of every distribution
-# Every latency distribution a summary can hold (itl_per_token_s only with multi-token
-# chunks), with the label tables print: the one list the CLI's tables, sweeps and gate read.
-DISTRIBUTIONS = {
-    "ttft_s": "TTFT",
-    "itl_s": "ITL",
-    "itl_per_token_s": "ITL per token",
-    "tpot_s": "TPOT",
-    "e2e_s": "E2E latency",
-    "queue_s": "Queue (cap wait)",
-    "ttft_with_queue_s": "TTFT incl. queue",
-    "e2e_with_queue_s": "E2E incl. queue",
-    "schedule_lag_s": "Schedule lag",
-}
+DISTRIBUTIONS = distributions()
 DEFAULT_MAX_P99_LAG_S = 0.010
 
 
@@ -130,6 +85,40 @@ class SLO:
         return ok
 
 
+@dataclass(frozen=True, slots=True)
+class Latencies:
+    """Each finished request's latencies (s, in the requests' order): computed here once, for
+    the summary, the report's CDFs and vLLM's JSON alike."""
+
+    send: np.ndarray
+    queue: np.ndarray
+    ttft: np.ndarray
+    e2e: np.ndarray
+    tpot_or_nan: np.ndarray  # NaN where a sequence got one token (no decode to time)
+    decoded: np.ndarray  # bool: more than one token a sequence
+
+    @classmethod
+    def of(cls, ok: Sequence[RequestRecord]) -> Latencies:
+        n = len(ok)
+        send, first, end, queue = (
+            np.fromiter((getattr(r, name) for r in ok), np.float64, n)
+            for name in ("send_s", "first_chunk_s", "end_s", "queue_s")
+        )
+        assert not np.isnan(send).any() and not np.isnan(first).any() and not np.isnan(end).any()
+        ttft, e2e = first - send, end - send
+        # per sequence: n completions decode side by side, each its own tokens
+        per_seq = np.fromiter((r.tokens_per_sequence for r in ok), np.float64, n)
+        decoded = per_seq > 1
+        tpot_or_nan = np.full(n, np.nan)
+        tpot_or_nan[decoded] = (e2e[decoded] - ttft[decoded]) / (per_seq[decoded] - 1)
+        return cls(send, queue, ttft, e2e, tpot_or_nan, decoded)
+
+    @property
+    def tpot(self) -> np.ndarray:
+        """TPOT of the requests that decoded (vLLM's: the first token excluded)."""
+        return self.tpot_or_nan[self.decoded]
+
+
 FAILURE_REASONS = 10  # the most common errors summary.json keeps, with their counts
 
 
@@ -149,18 +138,9 @@ def summarize(
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
     n = len(ok)
-    send, first, end, queue = (
-        np.fromiter((getattr(r, name) for r in ok), np.float64, n)
-        for name in ("send_s", "first_chunk_s", "end_s", "queue_s")
-    )
-    assert not np.isnan(send).any() and not np.isnan(first).any() and not np.isnan(end).any()
-    ttft, e2e = first - send, end - send
-    # per sequence: n completions decode side by side, each its own tokens
-    per_seq = np.fromiter((r.tokens_per_sequence for r in ok), np.float64, n)
-    decoded = per_seq > 1
-    tpot_or_nan = np.full(n, np.nan)
-    tpot_or_nan[decoded] = (e2e[decoded] - ttft[decoded]) / (per_seq[decoded] - 1)
-    tpot = tpot_or_nan[decoded]
+    lat = Latencies.of(ok)
+    send, queue, ttft, e2e, tpot_or_nan = lat.send, lat.queue, lat.ttft, lat.e2e, lat.tpot_or_nan
+    tpot = lat.tpot
     chunks = TokenTimes.of(ok)
     itl = chunks.gaps(ok)
     multi = chunks.tokens is not None and bool((chunks.tokens > 1).any())  # several a chunk
@@ -206,8 +186,9 @@ def summarize(
         "total_cached_tokens": _cached(ok),
         "total_output_tokens": out_tokens,
         "tokens_counted_by": dict(Counter(r.output_tokens_source for r in ok)),
-        "definitions": DEFINITIONS,
+        "definitions": definitions(),
     }
+    summary |= computed(ok, duration_s)  # metrics that declare their own computation
     warnings: list[str] = []
     if multi:
         summary["itl_per_token_s"] = distribution(itl_tok)

@@ -34,6 +34,6 @@ def test_every_number_is_printed_whole_at_100_columns(n: int) -> None:
     assert "…" not in out, out
     assert max(len(line) for line in out.splitlines()) <= 100, out
     for row in rows:
-        for _, key, _, scale, fmt in COLUMNS:
+        for _, key, scale, fmt in COLUMNS:
             ci = fmt.format(row[f"{key}.ci95"] * scale).rstrip("%")
             assert f"{fmt.format(row[key] * scale)} ±{ci}" in out, out

@@ -8,17 +8,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import pandas as pd
-
-from bench_cli.export import RUN_FILES
+from bench_cli.export import RUN_FILES, summary_row
 from bench_cli.sweep_grid import SweepPoint
 from bench_cli.sweep_row import aggregate
 from engine.engine import LLMEngine
 from engine.model.cost import StepCost, StepShape
+from loadgen import metric_registry
 from loadgen.records import RequestRecord
 from loadgen.telemetry import ENGINE_GAUGES
 from scripts.docgen.markdown import code, page, table
-from scripts.docgen.metrics_ref import sample_summary, unit
+from scripts.docgen.metrics_ref import sample_summary
 from scripts.docgen.source import dict_key_comments, field_comments
 
 FILES = {
@@ -37,17 +36,16 @@ FILES = {
 
 
 def _summary_columns() -> list[tuple[str, str]]:
-    summary = {k: v for k, v in sample_summary().items() if k not in ("definitions", "warnings")}
-    columns = pd.json_normalize(summary, sep=".").columns
+    by_column = {m.column: m for m in metric_registry.METRICS.values()}
     out = []
-    for col in columns:
+    for col in summary_row(sample_summary()):
         key, _, stat = col.partition(".")
         if key in ("slo", "tokens_counted_by"):
             what = "the SLO bound, s" if key == "slo" else "requests whose tokens were counted so"
         elif stat == "count":
             what = "requests"
         else:
-            what = unit(key)
+            what = by_column[key].unit
         out.append((col, what))
     return out
 

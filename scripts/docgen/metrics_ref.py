@@ -1,48 +1,27 @@
-"""Metrics with definitions and units (loadgen/metrics.py's DEFINITIONS and DISTRIBUTIONS,
-the summary's scalar keys, the gate's directions) and the exit codes, computed by calling
-the code that decides them."""
+"""Metrics with definitions, units and directions (loadgen/metric_registry.py), checked
+against the keys `summarize()` writes, and the exit codes, computed by calling the code that
+decides them."""
 
 from __future__ import annotations
 
 import signal
 from typing import Any
 
-from bench_cli.gate import HIGHER_IS_BETTER, LOWER_IS_BETTER
 from bench_cli.run_command import INVALID_EXIT, exit_code
-from loadgen.metrics import DEFINITIONS, DISTRIBUTIONS, SLO, STATS, summarize
+from loadgen import metric_registry
+from loadgen.metric_registry import NOT_METRICS, Metric
+from loadgen.metrics import SLO, STATS, summarize
 from loadgen.records import RequestRecord
 from scripts.docgen.markdown import code, page, table
 
-# Units by what a key counts; a summary key that none of these covers stops the generator,
-# so a new metric cannot reach the reference without one.
-RATE_UNITS = {
-    "request_throughput": "requests/s",
-    "goodput": "requests/s",
-    "output_throughput": "output tokens/s",
-    "total_token_throughput": "(prompt + output) tokens/s",
-    "peak_output_throughput": "output tokens/s",
-}
-COUNT_UNITS = {
-    "completed": "requests",
-    "failed": "requests",
-    "cancelled": "requests",
-    "peak_concurrent_requests": "requests",
-    "total_input_tokens": "tokens",
-    "total_cached_tokens": "tokens",
-    "total_output_tokens": "tokens",
-    "valid": "true/false",
-}
-NOT_METRICS = {"slo", "definitions", "tokens_counted_by", "failure_reasons", "warnings"}
-
 
 def unit(key: str) -> str:
-    if key in RATE_UNITS:
-        return RATE_UNITS[key]
-    if key in COUNT_UNITS:
-        return COUNT_UNITS[key]
-    if key.endswith("_s"):
-        return "s"
-    raise KeyError(f"no unit for summary key {key!r}: add it to scripts/docgen/metrics_ref.py")
+    """A summary key's unit, from the registry; a key it lacks stops the generator, so a
+    metric cannot reach the reference (or the summary) undeclared."""
+    m = metric_registry.metric(key)
+    if m is None:
+        raise KeyError(f"summary key {key!r} is not in loadgen/metric_registry.py: declare it")
+    return m.unit
 
 
 def sample_summary() -> dict[str, Any]:
@@ -68,32 +47,29 @@ def sample_summary() -> dict[str, Any]:
     return summarize(records, 1.0, slo=SLO(ttft=1.0))
 
 
-def direction(key: str) -> str:
-    if key in HIGHER_IS_BETTER:
-        return "higher"
-    if key in LOWER_IS_BETTER or key in DISTRIBUTIONS:
-        return "lower"
-    return "-"
+def _better(m: Metric) -> str:
+    return m.better or "-"
 
 
-def _definition(key: str) -> str:
-    return DEFINITIONS.get(key.removesuffix("_s"), DEFINITIONS.get(key, ""))
+def _rows(kind: str) -> list[tuple[str, ...]]:
+    return [
+        (code(m.name), m.unit, _better(m), m.definition)
+        for m in metric_registry.of_kind(kind)  # type: ignore[arg-type]
+    ]
 
 
 def metrics_page() -> str:
     summary = sample_summary()
+    for key, value in summary.items():  # every scalar summarize() writes is declared
+        if key not in NOT_METRICS and not isinstance(value, dict):
+            unit(key)
     stats = ", ".join(STATS)
     rows = [
-        (code(key), label, "s", direction(key), _definition(key))
-        for key, label in DISTRIBUTIONS.items()
+        (code(m.name), m.label, m.unit, _better(m), m.definition)
+        for m in metric_registry.of_kind("distribution")
     ]
     dists = table(["key", "label in tables", "unit", "better", "definition"], rows)
-    rows = [
-        (code(key), unit(key), direction(key), _definition(key))
-        for key, value in summary.items()
-        if key not in DISTRIBUTIONS and key not in NOT_METRICS and not isinstance(value, dict)
-    ]
-    scalars = table(["key", "unit", "better", "definition"], rows)
+    header = ["key", "unit", "better", "definition"]
     body = (
         "## Latency distributions\n\n"
         f"Each is an object in summary.json with `{stats}` (and `count`), in seconds; tables "
@@ -101,18 +77,27 @@ def metrics_page() -> str:
         "(`ttft_s.p99`).\n\n"
         f"{dists}\n## Scalars\n\n"
         "Throughputs divide by `duration_s` (the first scheduled send to the end of the last "
-        'request). "better" is the direction `bench gate` judges a change by (only the '
-        "metrics with a direction can be gated).\n\n"
-        f"{scalars}"
+        'request). "better" is the direction `bench gate` judges a change by (every metric '
+        "with a direction can be gated). summary.csv names a rate's column with its unit "
+        "(`output_throughput_tok_per_s`).\n\n"
+        f"{table(header, _rows('scalar'))}\n"
+        "## Objects\n\nIn summary.json, described but not gated.\n\n"
+        f"{table(header, _rows('detail'))}\n"
+        "## Derived by sweeps\n\nsweep.csv computes these from each run's summary.\n\n"
+        f"{table(header, _rows('derived'))}\n"
+        "## Engine telemetry\n\nFrom the server's /metrics over the run, where it exports "
+        "them: summary.json's `telemetry` object, sweep.csv's `telemetry.*` columns; gated "
+        "by their dotted name.\n\n"
+        f"{table(header, _rows('telemetry'))}"
     )
     intro = (
-        "What a run measures, from loadgen/metrics.py (`DEFINITIONS`, `DISTRIBUTIONS`) and "
-        "the keys `summarize()` writes. Peers name these differently (vLLM's TPOT excludes "
+        "What a run measures, from loadgen/metric_registry.py (one entry a metric: its key, "
+        "unit, direction and definition). Peers name these differently (vLLM's TPOT excludes "
         "the first token, guidellm's includes it, AIPerf calls it ITL): every summary.json "
         "stores the definitions it used under `definitions`. An SLO (`--slo "
         "ttft=0.5,tpot=0.05,e2e=10`, seconds) is what goodput is judged by."
     )
-    return page("Metrics", "loadgen/metrics.py", intro, body)
+    return page("Metrics", "loadgen/metric_registry.py", intro, body)
 
 
 EXIT_CASES = (
