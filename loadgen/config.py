@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.arrivals import Ramp, arrival_process, owner, param_fields, param_type, processes
+from loadgen.arrivals import (
+    ArrivalProcess,
+    Ramp,
+    arrival_process,
+    owner,
+    param_fields,
+    param_type,
+    processes,
+)
 from loadgen.metrics import SLO
 from loadgen.redact import parse_header, redact_settings
 from loadgen.traffic import TrafficClass, parse_class_flag, resolve_classes
@@ -111,6 +119,11 @@ class RunConfig:
         return arrival_param(self.arrival_params, name)
 
     @property
+    def replays(self) -> bool:
+        """The process replays recorded requests, their times and lengths (a trace)."""
+        return _process(self.arrival).replays if _process(self.arrival) else False
+
+    @property
     def closed_loop(self) -> bool:
         return (
             not self.classes
@@ -137,12 +150,12 @@ class RunConfig:
         if self.classes:
             self._validate_classes()
         self._validate_arrival()
-        if self.arrival == "trace" and self.dataset:
+        if self.replays and self.dataset:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
         if self.dataset and self.input_len is not None:
             raise ValueError("a dataset gives the prompts: --input-len cannot go with --dataset")
         if self.input_len_after_template and (
-            self.endpoint != "chat" or self.arrival == "trace" or self.dataset or self.turns
+            self.endpoint != "chat" or self.replays or self.dataset or self.turns
         ):
             raise ValueError(
                 "--input-len-after-template takes a chat template's tokens off synthetic "
@@ -152,11 +165,11 @@ class RunConfig:
             raise ValueError(f"n must be in [1, 256] completions per prompt, got {self.n}")
         if self.n > 1 and self.turns is not None:
             raise ValueError("--n with --turns: a conversation follows one reply, not n")
-        if self.n > 1 and self.arrival == "trace":
+        if self.n > 1 and self.replays:
             raise ValueError("--n with a trace: the trace's rows are single requests")
         if self.turns is not None:
             LengthDist.parse(self.turns)
-            if self.arrival == "trace":
+            if self.replays:
                 raise ValueError("a trace replays single requests: --turns cannot go with it")
         if not (self.think_time >= 0 and math.isfinite(self.think_time)):
             raise ValueError(f"think time must be >= 0 seconds, got {self.think_time}")
@@ -165,7 +178,7 @@ class RunConfig:
         if (
             self.num_requests is None
             and self.duration is None
-            and self.arrival != "trace"
+            and not self.replays
             and not self.classes
         ):
             raise ValueError("give --num-requests N and/or --duration S")
@@ -433,20 +446,28 @@ def flat_params(settings: dict[str, Any], in_classes: bool = True) -> dict[str, 
     return out
 
 
-def _rated(arrival: str) -> bool:
+def _process(arrival: str) -> type[ArrivalProcess] | None:
+    """The registered process, or None (validate() says what is wrong with the name)."""
     try:
-        return arrival_process(arrival).rated
+        return arrival_process(arrival)
     except ValueError:
-        return True  # validate() says what is wrong with the name
+        return None
+
+
+def _rated(arrival: str) -> bool:
+    process = _process(arrival)
+    return process.rated if process else True
 
 
 def _foreign(key: str, arrival: str) -> bool:
-    """A key of some arrival process that `arrival` does not have."""
-    try:
-        mine = arrival_process(arrival).own_keys()
-    except ValueError:
+    """A key of some arrival process that `arrival` does not have (the rate, for a process
+    that sets its own pace)."""
+    process = _process(arrival)
+    if process is None:
         return False
-    return owner(key) is not None and key not in mine
+    if key == "rate":
+        return not process.rated
+    return owner(key) is not None and key not in process.own_keys()
 
 
 def _coerce(key: str, value: Any) -> Any:

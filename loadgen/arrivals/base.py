@@ -35,6 +35,7 @@ class ArrivalProcess:
     rated: ClassVar[bool] = False  # paced by --rate (the run's or a class's)
     in_classes: ClassVar[bool] = True  # may pace a traffic class
     run_keys: ClassVar[tuple[str, ...]] = ()  # run settings of its own besides its params
+    replays: ClassVar[bool] = False  # replays recorded requests: their times and lengths
 
     def __post_init__(self) -> None:
         self.check()

@@ -20,6 +20,7 @@ class Trace(ArrivalProcess):
     description = "a trace file's own timestamps (--trace FILE, --time-scale)"
     in_classes = False  # a trace gives one schedule (and the lengths) for the whole run
     run_keys = ("trace", "trace_format", "trace_model")
+    replays = True
     trace_offsets: tuple[float, ...] = ()  # seconds since the trace's first request
     time_scale: float = param(1.0, "multiplies trace gaps (0.5: twice as fast)")
 
