@@ -116,12 +116,15 @@ class RunConfig:
     def __getattr__(self, name: str) -> Any:
         """An arrival parameter by its flat name (cfg.burstiness): the value given, else what
         the process records when it is not given."""
+        if name not in param_fields():  # before self.arrival_params: unpickling asks too
+            raise AttributeError(name)
         return arrival_param(self.arrival_params, name)
 
     @property
     def replays(self) -> bool:
         """The process replays recorded requests, their times and lengths (a trace)."""
-        return _process(self.arrival).replays if _process(self.arrival) else False
+        process = _process(self.arrival)
+        return process.replays if process else False
 
     @property
     def closed_loop(self) -> bool:
@@ -235,8 +238,7 @@ class RunConfig:
             mine = owner(key)
             if key not in process.own_keys() and mine is not None:
                 raise ValueError(mine.refuse(key, self.arrival))
-        if not process.run_keys:  # a trace's process is built from its rows, in build_plan
-            process.build(None, self.arrival_params)
+        process.check_params(self.arrival_params)
         if self.ramp_up_strategy is not None:
             if not process.rated:
                 raise ValueError(f"a ramp-up moves a rate: {self.arrival} arrivals have none")

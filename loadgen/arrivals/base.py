@@ -94,6 +94,11 @@ class ArrivalProcess:
         return f"--{key.replace('_', '-')} shapes {cls.name} arrivals; {arrival} has none"
 
     @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        """Refuse bad parameter values now, before any run (a ValueError naming the key)."""
+        cls.build(None, params)
+
+    @classmethod
     def build(cls, rate: float | None, params: Mapping[str, Any]) -> ArrivalProcess:
         """The process from a run's or class's settings (those of other processes ignored)."""
         own = {p.name: params[p.name] for p in cls.params() if params.get(p.name) is not None}

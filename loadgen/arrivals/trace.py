@@ -56,5 +56,10 @@ class Trace(ArrivalProcess):
         return f"--{key.replace('_', '-')} shapes trace arrivals; {arrival} has none"
 
     @classmethod
+    def check_params(cls, params: Mapping[str, Any]) -> None:
+        own = {p.name: params[p.name] for p in cls.params() if params.get(p.name) is not None}
+        cls(trace_offsets=(0.0,), **own)  # the rows are read later: any will do for the check
+
+    @classmethod
     def build(cls, rate: float | None, params: Mapping[str, Any]) -> ArrivalProcess:
         raise ValueError("trace arrivals are built from the trace's rows (loadgen/benchmark.py)")
