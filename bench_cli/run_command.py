@@ -262,7 +262,7 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
     from bench_cli.dashboard import Dashboard
 
     title = f"{cfg.name}: {_load_text(cfg)}"
-    rate = cfg.rate if cfg.rate and cfg.arrival != "trace" else None
+    rate = cfg.rate or None  # a process without a rate (a trace) refuses --rate
     if cfg.classes:  # the mix's rate: the classes' together
         rate = sum(c.rate or 0.0 for c in cfg.classes)
 
