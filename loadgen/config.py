@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.arrivals import (
-    ArrivalProcess,
-    Ramp,
-    arrival_process,
-    owner,
-    param_fields,
-    param_type,
-    processes,
+from loadgen.arrivals import Ramp, param_fields, param_type
+from loadgen.arrivals.settings import (
+    arrival_param,
+    check_arrival,
+    flat_params,
+    is_foreign,
+    is_rated,
+    process_or_none,
 )
 from loadgen.metrics import SLO
 from loadgen.redact import parse_header, redact_settings
@@ -123,14 +123,14 @@ class RunConfig:
     @property
     def replays(self) -> bool:
         """The process replays recorded requests, their times and lengths (a trace)."""
-        process = _process(self.arrival)
+        process = process_or_none(self.arrival)
         return process.replays if process else False
 
     @property
     def closed_loop(self) -> bool:
         return (
             not self.classes
-            and _rated(self.arrival)
+            and is_rated(self.arrival)
             and self.rate is None
             and self.ramp_up_strategy is None
             and self.concurrency is not None
@@ -152,7 +152,7 @@ class RunConfig:
             raise ValueError(f"endpoint {self.endpoint!r}: expected completions or chat")
         if self.classes:
             self._validate_classes()
-        self._validate_arrival()
+        check_arrival(self)
         if self.replays and self.dataset:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
         if self.dataset and self.input_len is not None:
@@ -201,7 +201,7 @@ class RunConfig:
                 raise ValueError(f"{names}: engine settings apply to the bundled engine only")
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"rate must be > 0 requests/s (or inf), got {self.rate}")
-        if self.rate == math.inf and self.num_requests is None and _rated(self.arrival):
+        if self.rate == math.inf and self.num_requests is None and is_rated(self.arrival):
             raise ValueError("--rate inf sends everything at once: give --num-requests")
         SLO.parse(self.slo)  # a typo must fail now, not after the whole run
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -224,30 +224,6 @@ class RunConfig:
             value = getattr(self, key)
             if value is not None:
                 LengthDist.parse(value)
-
-    def _validate_arrival(self) -> None:
-        """The process's own checks (loadgen/arrivals): its name, the keys of other processes
-        (refused: they would be ignored), its parameters' values, and what it cannot go with."""
-        process = arrival_process(self.arrival)
-        defaults = RunConfig()
-        for other in processes():
-            for key in other.run_keys:
-                if other is not process and getattr(self, key) != getattr(defaults, key):
-                    raise ValueError(other.refuse(key, self.arrival))
-        for key in self.arrival_params:
-            mine = owner(key)
-            if key not in process.own_keys() and mine is not None:
-                raise ValueError(mine.refuse(key, self.arrival))
-        process.check_params(self.arrival_params)
-        if self.ramp_up_strategy is not None:
-            if not process.rated:
-                raise ValueError(f"a ramp-up moves a rate: {self.arrival} arrivals have none")
-            if self.rate is not None:
-                raise ValueError("a ramp-up sets the rate: --rate cannot go with it")
-            self.ramp()
-        elif self.ramp_up_start_rps is not None or self.ramp_up_end_rps is not None:
-            raise ValueError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy")
-        process.check_run(self)
 
     def _validate_classes(self) -> None:
         """What a mix of classes cannot do: each class is an open-loop process of its own,
@@ -395,7 +371,7 @@ def build_config(
     if "trace" in given and "arrival" not in given:
         flags = flags | {"arrival": "trace"}  # --trace FILE alone replays the trace
     if flags.get("arrival") is not None:  # the profile's trace, or shape, is not used
-        profile = {k: v for k, v in profile.items() if not _foreign(k, flags["arrival"])}
+        profile = {k: v for k, v in profile.items() if not is_foreign(k, flags["arrival"])}
     cfg = RunConfig()
     for source, values in (("profile", profile), ("flag", flags)):
         for key, value in values.items():
@@ -411,7 +387,7 @@ def build_config(
                 setattr(cfg, key, _coerce(key, value))
             if key in engine_names:
                 cfg.engine[key] = value
-    for key in [k for k in cfg.arrival_params if k not in given and _foreign(k, cfg.arrival)]:
+    for key in [k for k in cfg.arrival_params if k not in given and is_foreign(k, cfg.arrival)]:
         del cfg.arrival_params[key]  # a gamma profile's shape, moot once --arrival changes it
     if class_tables is not None:
         cfg._validate_classes()  # before the classes inherit a trace or a closed loop
@@ -424,52 +400,6 @@ def setting_names() -> set[str]:
     """The keys of bench run a profile or flag may set (engine settings aside)."""
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     return fields - {"engine", "classes", "arrival_params"} | set(param_fields())
-
-
-def arrival_param(params: dict[str, Any], name: str) -> Any:
-    """A given arrival parameter, else what is recorded when it is not given."""
-    spec = param_fields().get(name)
-    if spec is None:
-        raise AttributeError(name)
-    return params.get(name, spec.metadata["unset"])
-
-
-def flat_params(settings: dict[str, Any], in_classes: bool = True) -> dict[str, Any]:
-    """A settings dict with its `arrival_params` spread out after `rate`, every parameter
-    there (given or unset): the layout results files have always had."""
-    params = settings.get("arrival_params") or {}
-    out: dict[str, Any] = {}
-    for key, value in settings.items():
-        if key != "arrival_params":
-            out[key] = value
-        if key == "rate":
-            for name in param_fields(in_classes=in_classes):
-                out[name] = arrival_param(params, name)
-    return out
-
-
-def _process(arrival: str) -> type[ArrivalProcess] | None:
-    """The registered process, or None (validate() says what is wrong with the name)."""
-    try:
-        return arrival_process(arrival)
-    except ValueError:
-        return None
-
-
-def _rated(arrival: str) -> bool:
-    process = _process(arrival)
-    return process.rated if process else True
-
-
-def _foreign(key: str, arrival: str) -> bool:
-    """A key of some arrival process that `arrival` does not have (the rate, for a process
-    that sets its own pace)."""
-    process = _process(arrival)
-    if process is None:
-        return False
-    if key == "rate":
-        return not process.rated
-    return owner(key) is not None and key not in process.own_keys()
 
 
 def _coerce(key: str, value: Any) -> Any:
