@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench_cli.arrival_options import arrival_options
 from bench_cli.engine_options import engine_options
 from engine.serving.access_log import QUIET_PATHS
 from engine.serving.limits import API_KEY_ENV, ServerLimits
@@ -267,6 +268,7 @@ SimAcceptance = Annotated[
 
 @app.command()
 @engine_options(unset=True, prefix="engine: ")
+@arrival_options
 def run(
     profile: Annotated[str, Opt(help="profile name (profiles/NAME.toml) or path")] = "default",
     name: Annotated[str | None, Opt(help="run name (in the results folder name)")] = None,
@@ -295,18 +297,14 @@ def run(
     sim_profile: SimProfile = None,
     sim_acceptance: SimAcceptance = None,
     sim_draft_share: SimDraftShare = None,
-    arrival: Annotated[str | None, Opt(help="poisson | gamma | constant | trace")] = None,
+    arrival: Annotated[str | None, Opt(help="the processes, listed from their registry")] = None,
     rate: Annotated[float | None, Opt(help="requests per second (open loop)")] = None,
-    burstiness: Annotated[float | None, Opt(help="gamma shape: 1 Poisson, < 1 burstier")] = None,
     concurrency: Annotated[
         int | None, Opt(help="closed loop alone; with --rate, a cap on requests in flight")
     ] = None,
     trace: Annotated[str | None, Opt(help="trace file for --arrival trace")] = None,
     trace_format: Annotated[str | None, Opt(help="mooncake | azure | burstgpt | jsonl")] = None,
     trace_model: Annotated[str | None, Opt(help="BurstGPT: keep only this model")] = None,
-    time_scale: Annotated[
-        float | None, Opt(help="multiplies trace gaps (0.5: twice as fast)")
-    ] = None,
     ramp_up_strategy: Annotated[
         str | None, Opt(help="linear | exponential: the rate moves from start to end")
     ] = None,
@@ -358,12 +356,7 @@ def run(
     ] = None,
     traffic_class: Annotated[
         list[str] | None,
-        Opt(
-            "--class",
-            help="a traffic class, repeatable: NAME:key=value,... with the keys of a [[class]] "
-            "table (arrival, rate, burstiness, num_requests, input_len, output_len, "
-            "shared_prefix_len, num_prefix_groups, n, priority, slo); unset keys are the run's",
-        ),
+        Opt("--class", help="a traffic class (its keys listed from the registry)"),
     ] = None,
     temperature: Annotated[
         float | None, Opt(help="sampling temperature (default 0: greedy)")
@@ -397,15 +390,17 @@ def run(
     ] = False,
     *,
     engine: dict[str, Any],
+    arrival_params: dict[str, Any],
 ) -> None:
     """Benchmark a server under load: the bundled engine (default) or any OpenAI-compatible
     one (--base-url); prints TTFT/ITL/TPOT/E2E, throughput and goodput, writes a results folder."""
     flags = {
         k: v
         for k, v in locals().items()
-        if k not in ("profile", "no_dashboard", "header", "traffic_class", "explain", "engine")
+        if k not in ("profile", "no_dashboard", "header", "traffic_class", "explain")
+        and k not in ("engine", "arrival_params")
     }
-    flags |= engine
+    flags |= engine | arrival_params
     flags["headers"] = header or None
     flags["classes"] = traffic_class or None
     from bench_cli.run_command import execute

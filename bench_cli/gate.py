@@ -17,6 +17,7 @@ import numpy as np
 
 from bench_cli.sweep_grid import grid
 from loadgen import metric_registry
+from loadgen.arrivals import arrival_keys
 from loadgen.config import RunConfig
 from loadgen.metrics import STATS
 
@@ -80,17 +81,14 @@ def _known() -> str:
 
 
 # What a run was measured under: two runs that differ here were not given the same load (or
-# judged by the same SLO), so their numbers differ for reasons other than the server.
-LOAD_KEYS = (
+# judged by the same SLO), so their numbers differ for reasons other than the server. The
+# arrival processes' own keys (burstiness, a trace's file and time scale, ...) come from
+# their registry (loadgen/arrivals), after the rate.
+_LOAD_KEYS = (
     "endpoint",
     "arrival",
     "rate",
-    "burstiness",
     "concurrency",
-    "trace",
-    "trace_format",
-    "trace_model",
-    "time_scale",
     "num_requests",
     "duration",
     "input_len",
@@ -110,6 +108,11 @@ LOAD_KEYS = (
 )
 
 
+def load_keys() -> tuple[str, ...]:
+    """The load keys, every registered arrival process's among them."""
+    return (*_LOAD_KEYS[:3], *arrival_keys(), *_LOAD_KEYS[3:])
+
+
 @dataclass(slots=True)
 class Results:
     """A run (one row) or a sweep (one row a point, its repeats averaged), metrics under their
@@ -118,7 +121,7 @@ class Results:
     rows: list[dict[str, Any]]
     axes: list[str]  # the sweep's axes ([] for a run)
     where: str
-    load: dict[str, Any]  # LOAD_KEYS the rows share ({} when the files do not say)
+    load: dict[str, Any]  # load_keys() the rows share ({} when the files do not say)
     runs: int  # the fewest runs behind a row: 1 means no confidence interval
 
     def key(self, row: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -162,7 +165,7 @@ def load_results(path: str | Path) -> Results:
         return Results(rows, axes, str(path), _sweep_load(plan), runs)
     summary = load_summary(p)
     run = (summary.get("config") or {}).get("run") or {}
-    load = {k: run.get(k) for k in LOAD_KEYS} if run else {}
+    load = {k: run.get(k) for k in load_keys()} if run else {}
     return Results([_flatten(summary)], [], str(path), load, 1)
 
 
@@ -174,7 +177,7 @@ def _sweep_load(plan: dict[str, Any]) -> dict[str, Any]:
         return {}
     varied = set(plan["axes"]) | {k for p in grid(plan["axes"]) for k in p.settings}
     defaults = RunConfig()
-    return {k: profile.get(k, getattr(defaults, k)) for k in LOAD_KEYS if k not in varied}
+    return {k: profile.get(k, getattr(defaults, k)) for k in load_keys() if k not in varied}
 
 
 def load_differences(current: Results, baseline: Results) -> list[str]:
@@ -183,7 +186,7 @@ def load_differences(current: Results, baseline: Results) -> list[str]:
         return []
     return [
         f"{k}: {baseline.load.get(k)} -> {current.load.get(k)}"
-        for k in LOAD_KEYS
+        for k in load_keys()
         if (k in current.load or k in baseline.load)
         and typed(current.load.get(k)) != typed(baseline.load.get(k))
     ]

@@ -19,6 +19,7 @@ from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.tables import print_result, sim_title
+from loadgen.arrivals import arrival_process
 from loadgen.config import RunConfig, build_config, load_profile
 from loadgen.redact import printable, redact_url
 
@@ -255,8 +256,9 @@ def _load_text(cfg: RunConfig) -> str:
     if cfg.classes:
         text = "; ".join(c.describe() for c in cfg.classes)
         return text + (f", cap {cfg.concurrency}" if cfg.concurrency else "")
-    if cfg.arrival == "trace":
-        return f"trace {Path(cfg.trace or '').name} x{cfg.time_scale:g}"
+    process = arrival_process(cfg.arrival)
+    if process.replays:  # a trace: its file says it all
+        return process.describe(cfg.flat())
     per_s = "conversations/s" if cfg.turns is not None else "req/s"  # what the arrivals are
     if cfg.closed_loop:
         text = f"closed loop, concurrency {cfg.concurrency}"
@@ -266,7 +268,7 @@ def _load_text(cfg: RunConfig) -> str:
             f"->{cfg.ramp_up_end_rps:g} {per_s}"
         )
     else:
-        text = f"{cfg.arrival} {cfg.rate:g} {per_s}"
+        text = process.describe(cfg.flat(), per_s)
     if cfg.concurrency and not cfg.closed_loop:
         text += f", cap {cfg.concurrency}"
     if cfg.turns is not None:
@@ -279,7 +281,7 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
     from bench_cli.dashboard import Dashboard
 
     title = f"{cfg.name}: {_load_text(cfg)}"
-    rate = cfg.rate if cfg.rate and cfg.arrival != "trace" else None
+    rate = cfg.rate or None  # a process without a rate (a trace) refuses --rate
     if cfg.classes:  # the mix's rate: the classes' together
         rate = sum(c.rate or 0.0 for c in cfg.classes)
 

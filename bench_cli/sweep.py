@@ -20,7 +20,6 @@ found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep_rates)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -49,11 +48,8 @@ from bench_cli.sweep_rates import (
 from bench_cli.sweep_table import invalid, print_comparison
 from bench_cli.sweep_verdict import print_verdict
 from bench_cli.sweep_verdict import slo_target_of as target_of
-from loadgen.config import RunConfig
+from loadgen.config import setting_names
 from loadgen.redact import redact_settings
-
-# The keys a grid may set for the load rather than the server (--serve-cmd): rate, ...
-RUN_KEYS = {f.name for f in dataclasses.fields(RunConfig)} - {"engine", "classes"}
 
 
 def run_sweep(
@@ -140,7 +136,7 @@ def _run_sweep(
                 given = "--slo-search" if found_by is not None else "--slo-target"
                 raise ValueError(f'{given} needs an SLO: the profile\'s slo = "ttft=..."')
         if serve is not None:  # before anything starts: every key reaches the server or load
-            serve.check(grid(planned), RUN_KEYS)
+            serve.check(grid(planned), setting_names())  # load keys
         for point in grid(planned):  # every point's config must resolve before the first runs
             resolve_config(base, _check_flags(flags, point, sweep_dir, serve))
     except (ValueError, OSError, ModelLoadError) as e:

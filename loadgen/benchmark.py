@@ -191,8 +191,7 @@ def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
         return BuiltPlan(plan, None, info, notes)
     ramp = cfg.ramp()
     rate = cfg.rate if ramp is None else max(ramp.start, ramp.end)
-    assert rate is not None
-    arrivals = Arrivals(cfg.arrival, rate, cfg.burstiness or 1.0, cfg.seed, ramp=ramp)
+    arrivals = Arrivals(cfg.arrival, rate, seed=cfg.seed, ramp=ramp, **cfg.arrival_params)
     offsets = take_schedule(arrivals.offsets(), cfg.num_requests, cfg.duration)
     specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
     if data is not None:

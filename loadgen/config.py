@@ -11,10 +11,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loadgen.arrivals import ARRIVALS, Ramp
+from loadgen.arrivals import Ramp, param_fields, param_type
+from loadgen.arrivals.settings import (
+    arrival_param,
+    check_arrival,
+    flat_params,
+    is_foreign,
+    is_rated,
+    process_or_none,
+)
 from loadgen.metrics import SLO
 from loadgen.redact import parse_header, redact_settings
-from loadgen.traces import TRACE_FORMATS
 from loadgen.traffic import TrafficClass, parse_class_flag, resolve_classes
 from loadgen.workload import LengthDist
 
@@ -59,15 +66,16 @@ class RunConfig:
     sim_acceptance: float | str | list[float] | None = None
     # Of decodes that get a draft (n-gram misses the rest), or per-request shares; None: 1
     sim_draft_share: float | str | list[float] | None = None
-    # arrivals
+    # arrivals: a registered process (loadgen/arrivals) and the parameters of its own that
+    # were given (--burstiness, --time-scale, ...; read back as cfg.burstiness); a rated one
+    # is paced by --rate, or alone with --concurrency it is a closed loop
     arrival: str = "poisson"
     rate: float | None = None
-    burstiness: float | None = None  # gamma only; None: 1 (Poisson)
+    arrival_params: dict[str, Any] = field(default_factory=dict)
     concurrency: int | None = None
-    trace: str | None = None
+    trace: str | None = None  # the trace process's file (it gives the lengths too)
     trace_format: str = "jsonl"
     trace_model: str | None = None
-    time_scale: float = 1.0
     ramp_up_strategy: str | None = None  # linear | exponential: the rate moves over the run
     ramp_up_start_rps: float | None = None
     ramp_up_end_rps: float | None = None
@@ -108,11 +116,24 @@ class RunConfig:
     save_vllm_json: str | None = None  # also write the result as `vllm bench serve` would
     overwrite_vllm_json: bool = False  # else an existing file there is refused
 
+    def __getattr__(self, name: str) -> Any:
+        """An arrival parameter by its flat name (cfg.burstiness): the value given, else what
+        the process records when it is not given."""
+        if name not in param_fields():  # before self.arrival_params: unpickling asks too
+            raise AttributeError(name)
+        return arrival_param(self.arrival_params, name)
+
+    @property
+    def replays(self) -> bool:
+        """The process replays recorded requests, their times and lengths (a trace)."""
+        process = process_or_none(self.arrival)
+        return process.replays if process else False
+
     @property
     def closed_loop(self) -> bool:
         return (
             not self.classes
-            and self.arrival != "trace"
+            and is_rated(self.arrival)
             and self.rate is None
             and self.ramp_up_strategy is None
             and self.concurrency is not None
@@ -134,36 +155,13 @@ class RunConfig:
             raise ValueError(f"endpoint {self.endpoint!r}: expected completions or chat")
         if self.classes:
             self._validate_classes()
-        if self.arrival not in ARRIVALS:
-            raise ValueError(f"arrival {self.arrival!r}: expected one of {', '.join(ARRIVALS)}")
-        if self.arrival == "trace":
-            if not self.trace:
-                raise ValueError("--arrival trace needs --trace FILE")
-            if self.trace_format not in TRACE_FORMATS:
-                known = ", ".join(TRACE_FORMATS)
-                raise ValueError(f"trace format {self.trace_format!r}: expected one of {known}")
-            if self.rate is not None:
-                raise ValueError("a trace sets its own times: use --time-scale, not --rate")
-            if self.input_len is not None:
-                raise ValueError("a trace gives the prompt lengths: --input-len cannot go with it")
-        elif self.trace:
-            raise ValueError(f"--trace is replayed by --arrival trace, not {self.arrival}")
-        elif self.ramp_up_strategy is not None:
-            if self.rate is not None:
-                raise ValueError("a ramp-up sets the rate: --rate cannot go with it")
-            self.ramp()
-        elif self.ramp_up_start_rps is not None or self.ramp_up_end_rps is not None:
-            raise ValueError("--ramp-up-start-rps/--ramp-up-end-rps need --ramp-up-strategy")
-        elif self.rate is None and self.concurrency is None and not self.classes:
-            raise ValueError(
-                f"{self.arrival} arrivals need --rate R (or --concurrency C alone: a closed loop)"
-            )
-        if self.arrival == "trace" and self.dataset:
+        check_arrival(self)
+        if self.replays and self.dataset:
             raise ValueError("a trace gives the lengths: --dataset cannot go with --arrival trace")
         if self.dataset and self.input_len is not None:
             raise ValueError("a dataset gives the prompts: --input-len cannot go with --dataset")
         if self.input_len_after_template and (
-            self.endpoint != "chat" or self.arrival == "trace" or self.dataset or self.turns
+            self.endpoint != "chat" or self.replays or self.dataset or self.turns
         ):
             raise ValueError(
                 "--input-len-after-template takes a chat template's tokens off synthetic "
@@ -173,22 +171,20 @@ class RunConfig:
             raise ValueError(f"n must be in [1, 256] completions per prompt, got {self.n}")
         if self.n > 1 and self.turns is not None:
             raise ValueError("--n with --turns: a conversation follows one reply, not n")
-        if self.n > 1 and self.arrival == "trace":
+        if self.n > 1 and self.replays:
             raise ValueError("--n with a trace: the trace's rows are single requests")
         if self.turns is not None:
             LengthDist.parse(self.turns)
-            if self.arrival == "trace":
+            if self.replays:
                 raise ValueError("a trace replays single requests: --turns cannot go with it")
         if not (self.think_time >= 0 and math.isfinite(self.think_time)):
             raise ValueError(f"think time must be >= 0 seconds, got {self.think_time}")
         if self.think_time and self.turns is None:
             raise ValueError("--think-time is the pause between turns: it needs --turns")
-        if self.burstiness is not None and self.arrival != "gamma":
-            raise ValueError(f"--burstiness shapes gamma arrivals; {self.arrival} has none")
         if (
             self.num_requests is None
             and self.duration is None
-            and self.arrival != "trace"
+            and not self.replays
             and not self.classes
         ):
             raise ValueError("give --num-requests N and/or --duration S")
@@ -208,7 +204,7 @@ class RunConfig:
                 raise ValueError(f"{names}: engine settings apply to the bundled engine only")
         if self.rate is not None and not self.rate > 0:
             raise ValueError(f"rate must be > 0 requests/s (or inf), got {self.rate}")
-        if self.rate == math.inf and self.num_requests is None and self.arrival != "trace":
+        if self.rate == math.inf and self.num_requests is None and is_rated(self.arrival):
             raise ValueError("--rate inf sends everything at once: give --num-requests")
         SLO.parse(self.slo)  # a typo must fail now, not after the whole run
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -310,10 +306,17 @@ class RunConfig:
         given = (("top_p", self.top_p), ("top_k", self.top_k))
         return out | {k: v for k, v in given if v is not None}
 
+    def flat(self) -> dict[str, Any]:
+        """The settings as flat keys, every arrival parameter among them (given or unset), as
+        profiles and flags name them and results files record them."""
+        out = flat_params(dataclasses.asdict(self), in_classes=False)
+        out["classes"] = [flat_params(dataclasses.asdict(c)) for c in self.classes]
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """For results files: credentials masked (loadgen/redact.py); engine_kind only when the
         engine is ours (an external server's kind is config.json's `server`)."""
-        out = redact_settings(dataclasses.asdict(self))
+        out = redact_settings(self.flat())
         if self.base_url:
             out["engine_kind"] = None
         return out  # type: ignore[return-value]
@@ -360,7 +363,7 @@ def build_config(
     """Defaults < profile < flags given (None: not given), less the profile keys a flag
     makes moot (DROPPED_BY). Engine settings (any key that is an engine argument) go to
     `engine`; an unknown key is an error naming it."""
-    names = {f.name for f in dataclasses.fields(RunConfig)} - {"engine", "classes"}
+    names = setting_names()
     profile, flags = dict(profile), dict(flags)
     class_tables = profile.pop("class", None)
     if flags.get("classes") is not None:  # --class replaces the profile's classes
@@ -370,8 +373,8 @@ def build_config(
     profile = {k: v for k, v in profile.items() if given.isdisjoint(DROPPED_BY.get(k, ()))}
     if "trace" in given and "arrival" not in given:
         flags = flags | {"arrival": "trace"}  # --trace FILE alone replays the trace
-    if flags.get("arrival") not in (None, "trace"):  # the profile's trace is not replayed
-        profile = {k: v for k, v in profile.items() if not k.startswith(("trace", "time_scale"))}
+    if flags.get("arrival") is not None:  # the profile's trace, or shape, is not used
+        profile = {k: v for k, v in profile.items() if not is_foreign(k, flags["arrival"])}
     cfg = RunConfig()
     for source, values in (("profile", profile), ("flag", flags)):
         for key, value in values.items():
@@ -381,17 +384,25 @@ def build_config(
                 key = "engine_kind"
             if key not in names and key not in engine_names:
                 raise ValueError(f"{source} key {key!r} is not a setting of bench run")
-            if key in names:  # `seed` is both: it seeds the run and the engine
+            if key in param_fields():
+                cfg.arrival_params[key] = _coerce(key, value)
+            elif key in names:  # `seed` is both: it seeds the run and the engine
                 setattr(cfg, key, _coerce(key, value))
             if key in engine_names:
                 cfg.engine[key] = value
-    if "burstiness" not in given and cfg.arrival != "gamma":
-        cfg.burstiness = None  # a gamma profile's shape, moot once --arrival changes it
+    for key in [k for k in cfg.arrival_params if k not in given and is_foreign(k, cfg.arrival)]:
+        del cfg.arrival_params[key]  # a gamma profile's shape, moot once --arrival changes it
     if class_tables is not None:
         cfg._validate_classes()  # before the classes inherit a trace or a closed loop
-        cfg.classes = resolve_classes(class_tables, dataclasses.asdict(cfg))
+        cfg.classes = resolve_classes(class_tables, cfg.flat())
     cfg.validate()
     return cfg
+
+
+def setting_names() -> set[str]:
+    """The keys of bench run a profile or flag may set (engine settings aside)."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    return fields - {"engine", "classes", "arrival_params"} | set(param_fields())
 
 
 def _coerce(key: str, value: Any) -> Any:
@@ -407,10 +418,10 @@ def _coerce(key: str, value: Any) -> Any:
         return value if isinstance(value, dict) else dict(parse_header(h) for h in value)
     if key == "extra_body":
         return value if isinstance(value, dict) else _json_object(value)
+    if key in param_fields():
+        return param_type(key)(value)
     if key in (
         "rate",
-        "burstiness",
-        "time_scale",
         "duration",
         "timeout",
         "max_p99_lag_ms",

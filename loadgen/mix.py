@@ -50,7 +50,7 @@ def class_schedule(
     """A class's arrivals up to its own request count and/or the run's duration, and its
     prompts, all built before the run starts."""
     arrivals = Arrivals(
-        cls.arrival, cls.rate or 0.0, cls.burstiness or 1.0, class_seed(seed, cls.name, 0)
+        cls.arrival, cls.rate, seed=class_seed(seed, cls.name, 0), **cls.arrival_params
     )
     offsets = take_schedule(arrivals.offsets(), cls.num_requests, duration_s)
     specs = list(

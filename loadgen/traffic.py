@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from loadgen.arrivals import arrival_names, arrival_process, owner, param_fields, param_type
 from loadgen.metrics import SLO
 from loadgen.workload import DEFAULT_INPUT_LEN, DEFAULT_OUTPUT_LEN, LengthDist
 
-CLASS_ARRIVALS = ("poisson", "gamma", "constant")
-# The keys a class may set, and their types; all but n and priority default to the run's.
-CLASS_KEYS: dict[str, type] = {
-    "arrival": str,
-    "rate": float,
-    "burstiness": float,
+# The keys a class may set besides its process's (`class_keys`), and their types; all but n
+# and priority default to the run's.
+_KEYS: dict[str, type] = {
     "num_requests": int,
     "input_len": str,
     "output_len": str,
@@ -30,6 +28,15 @@ CLASS_KEYS: dict[str, type] = {
     "priority": int,
     "slo": str,
 }
+
+
+def class_keys() -> dict[str, type]:
+    """The keys a class may set: its process, rate and the parameters of every process a
+    class may use (loadgen/arrivals), then the rest."""
+    params = {name: param_type(name) for name in param_fields(in_classes=True)}
+    return {"arrival": str, "rate": float} | params | _KEYS
+
+
 _NAME = re.compile(r"[A-Za-z0-9_-]+")  # it goes into column names: class.NAME.ttft_s.p99
 
 
@@ -39,8 +46,8 @@ class TrafficClass:
 
     name: str
     arrival: str = "poisson"
-    rate: float | None = None
-    burstiness: float | None = None  # gamma only
+    rate: float | None = None  # a rated process's
+    arrival_params: dict[str, Any] = field(default_factory=dict)  # its parameters given
     num_requests: int | None = None  # this class's own count; None: until the run's duration
     input_len: str = DEFAULT_INPUT_LEN
     output_len: str = DEFAULT_OUTPUT_LEN
@@ -50,22 +57,34 @@ class TrafficClass:
     priority: int | None = None
     slo: str | None = None
 
+    def __getattr__(self, name: str) -> Any:
+        """An arrival parameter by its flat name (cls.burstiness); None when not given."""
+        if name not in param_fields(in_classes=True):
+            raise AttributeError(name)
+        return self.arrival_params.get(name)
+
     def validate(self, duration_s: float | None) -> None:
         def bad(key: str, why: str) -> ValueError:
             return ValueError(f"class {self.name!r}: {key} {why}")
 
-        if self.arrival not in CLASS_ARRIVALS:
-            raise bad("arrival", f"{self.arrival!r}: expected one of {', '.join(CLASS_ARRIVALS)}")
-        if self.rate is None:
+        if self.arrival not in arrival_names(in_classes=True):
+            known = ", ".join(arrival_names(in_classes=True))
+            raise bad("arrival", f"{self.arrival!r}: expected one of {known}")
+        process = arrival_process(self.arrival)
+        if process.rated and self.rate is None:
             raise bad("rate", "is not set (in the class, or the run's --rate)")
-        if not self.rate > 0:
+        if process.rated and not self.rate > 0:  # type: ignore[operator]
             raise bad("rate", f"must be > 0 requests/s (or inf), got {self.rate}")
-        if self.burstiness is not None and self.arrival != "gamma":
-            raise bad("burstiness", f"shapes gamma arrivals; {self.arrival} has none")
-        if self.burstiness is not None and not (
-            self.burstiness > 0 and math.isfinite(self.burstiness)
-        ):
-            raise bad("burstiness", f"must be > 0, got {self.burstiness}")
+        if not process.rated and self.rate is not None:
+            raise bad("rate", f"cannot go with {self.arrival} arrivals: they set their own pace")
+        for key in self.arrival_params:
+            theirs = owner(key)
+            if key not in process.own_keys() and theirs is not None:
+                raise bad(key, f"shapes {theirs.name} arrivals; {self.arrival} has none")
+        try:
+            process.build(self.rate, self.arrival_params)
+        except ValueError as e:
+            raise ValueError(f"class {self.name!r}: {e}") from None
         if self.num_requests is None and duration_s is None:
             raise bad("num_requests", "is not set, and the run has no --duration to end it")
         if self.num_requests is not None and self.num_requests < 1:
@@ -90,7 +109,9 @@ class TrafficClass:
 
     def describe(self) -> str:
         """For titles: "interactive: poisson 2 req/s, priority 0"."""
-        text = f"{self.name}: {self.arrival} {self.rate:g} req/s"
+        params = {k: getattr(self, k) for k in param_fields(in_classes=True)}
+        settings = {"rate": self.rate} | params
+        text = f"{self.name}: {arrival_process(self.arrival).describe(settings)}"
         text += f", n={self.n}" if self.n > 1 else ""
         return text + (f", priority {self.priority}" if self.priority is not None else "")
 
@@ -138,24 +159,37 @@ def resolve_classes(tables: list[Any], run: dict[str, Any]) -> list[TrafficClass
         if name in {c.name for c in out}:
             raise ValueError(f"class {name!r} is defined twice")
         given = {key: v for key, v in table.items() if key != "name" and v is not None}
+        keys = class_keys()
         for key in given:
-            if key not in CLASS_KEYS:
-                known = ", ".join(CLASS_KEYS)
+            if key not in keys:
+                known = ", ".join(keys)
                 raise ValueError(f"class {name!r}: {key!r} is not a class setting ({known})")
         values = {key: _typed(name, key, v) for key, v in given.items()}
-        inherited = {key: run.get(key) for key in CLASS_KEYS if key not in ("n", "priority")}
-        if values.get("arrival", inherited["arrival"]) != "gamma":
-            inherited["burstiness"] = None  # a gamma run's shape is moot for a Poisson class
+        inherited = {key: run.get(key) for key in keys if key not in ("n", "priority")}
+        arrival = values.get("arrival", inherited["arrival"])
+        own = _own_keys(arrival)
+        for key in [k for k in inherited if k not in own and (k == "rate" or owner(k))]:
+            inherited[key] = None  # a gamma run's shape is moot for a Poisson class
         merged = {key: v for key, v in inherited.items() if v is not None} | values
-        cls = TrafficClass(name, **merged)
+        params = {k: merged.pop(k) for k in list(merged) if k in param_fields()}
+        cls = TrafficClass(name, **merged, arrival_params=params)
         cls.validate(run.get("duration"))
         out.append(cls)
     return out
 
 
+def _own_keys(arrival: Any) -> tuple[str, ...]:
+    """The run keys of a class's process, `rate` among them when it is rated."""
+    try:
+        process = arrival_process(str(arrival))
+    except ValueError:
+        return ()  # validate() names the bad process
+    return process.own_keys() + (("rate",) if process.rated else ())
+
+
 def _typed(name: str, key: str, value: Any) -> Any:
     """A TOML value or a flag's text as the key's type."""
-    kind = CLASS_KEYS[key]
+    kind = class_keys()[key]
     what = {str: "a text", int: "an integer", float: "a number"}[kind]
     try:
         if isinstance(value, bool) or (kind is str and not isinstance(value, str | int)):

@@ -131,12 +131,12 @@ def test_unknown_none_flag_is_ignored() -> None:
         ("input_len", "uniform:1:5", "uniform:1:5"),
         ("rate", 3, 3.0),
         ("duration", 60, 60.0),
-        ("time_scale", 2, 2.0),
+        ("burstiness", 2, 2.0),
         ("timeout", 30, 30.0),
     ],
 )
 def test_profile_values_are_coerced(key: str, value: Any, expected: Any) -> None:
-    got = getattr(build({**BASE, key: value}), key)
+    got = getattr(build({**BASE, "arrival": "gamma", key: value}), key)
     assert got == expected
     assert type(got) is type(expected)
 
