@@ -77,8 +77,10 @@ def child(spec_file: str) -> None:
         def generate() -> list[int]:
             return list(llm.generate(inputs, params, use_tqdm=False)[0].outputs[0].token_ids)
     else:
-        import engine  # noqa: F401 (first: allocator settings before torch)
+        import engine  # first: allocator and OpenMP settings before torch
         from engine import LLM, SamplingParams
+
+        print(f"OpenMP wait policy {engine.omp_wait.state.policy}: {engine.omp_wait.state.reason}")
 
         llm = LLM(spec["model"], dtype=spec["dtype"], max_num_seqs=spec["batch"],
                   enable_prefix_caching=False)  # fmt: skip
