@@ -9,13 +9,15 @@ generator is the neighbour) and reads the run's steps.jsonl: decode-only steps, 
 many sequences they decoded (B). Then, in this process, an engine of the same model, dtype and
 max_num_seqs decodes B sequences at the group's median context per sequence, `--offline-steps`
 steps per group. Per B it prints both medians and their ratio; beyond `--tolerance` (10 %) it
-says so. Offline groups alternate with... nothing: the run is over by then, so a machine whose
-load changes between the two halves shows up here too (run it twice)."""
+says so. The offline steps are not interleaved with the run's, so a machine whose
+load changes between the two halves shows up here too: one B is also timed offline before the
+run, and the server's OpenMP wait policy is printed (engine/omp_wait.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -83,13 +85,23 @@ def main() -> None:
     p.add_argument("--min-steps", type=int, default=10, help="least decode steps of a B compared")
     p.add_argument("--offline-steps", type=int, default=20)
     p.add_argument("--tolerance", type=float, default=0.10)
+    p.add_argument("--omp-passive", choices=["auto", "0", "1"], default="auto",
+                   help="SERVEBENCH_OMP_PASSIVE for the server and this process alike")  # fmt: skip
     args = p.parse_args()
+    os.environ["SERVEBENCH_OMP_PASSIVE"] = args.omp_passive  # before torch; the server inherits
+    import engine  # allocator and OpenMP settings before torch
+
+    print(f"this process: OpenMP wait policy {engine.omp_wait.state.policy}")
+    context = args.input_len + args.output_len // 2
+    before = statistics.median(offline_ms(args, args.concurrency, context))
     with tempfile.TemporaryDirectory() as tmp:
         groups = decode_groups(run_steps(args, Path(tmp) / "run"), args.min_steps)
+        log = (Path(tmp) / "run" / "server.log").read_text(errors="replace").splitlines()
+    print(*[f"server: {line}" for line in log if "OpenMP wait policy" in line], sep="\n")
     if not groups:
         raise SystemExit(f"no batch size ran {args.min_steps}+ decode-only steps: more requests")
-    import engine  # noqa: F401 (allocator and OpenMP settings before torch)
-
+    print(f"offline before the run: B={args.concurrency} at context {context}: {before:.1f} ms "
+          f"(against the same after it: how much the machine's load moved)")  # fmt: skip
     print(f"\n{'B':>3} {'steps':>6} {'run ms':>8} {'offline ms':>11} {'run/offline':>12}")
     off = []
     for batch, group in groups.items():
