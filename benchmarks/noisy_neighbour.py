@@ -10,7 +10,8 @@ environment, and vLLM where its interpreter imports `vllm`) is one long-lived ch
 it loads and warms once, then runs one `generate` of B sequences (`--context` random prompt
 tokens, `--output-len` generated, greedy, EOS ignored) each time it is told to. Conditions:
 
-- quiet: nothing of ours beside it (other users of the machine may still run: see `--noise`);
+- quiet: nothing of ours beside it (other users of the machine may still run: each round
+  prints the load average, and the summary the spread of the quiet rounds);
 - torch2: a process running 2-thread float32 matmuls in a loop (a test suite, a trainer);
 - half: a process busy for 5 ms then asleep for 5 ms, i.e. half a core (a load generator).
 
@@ -138,7 +139,7 @@ def start(cmd: list[str], env: dict[str, str], log: Path | None, name: str) -> s
 
 
 def machine_load() -> str:
-    """Other processes' CPU share while we measure (1-minute load average, for the record)."""
+    """The 1-minute load average (ours included), for the record: how busy the machine was."""
     return f"load average {os.getloadavg()[0]:.2f}"
 
 
