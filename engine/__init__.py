@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from engine.cpu_alloc import keep_freed_memory_in_heap
 
 keep_freed_memory_in_heap()  # before torch is imported (by any submodule): see cpu_alloc.py
+from engine import omp_wait  # noqa: E402, F401 (OpenMP's wait policy, also before torch)
 
 if TYPE_CHECKING:
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig

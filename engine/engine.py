@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 import torch
 
+from engine import omp_wait
 from engine.config import EngineConfig, ModelConfig
 from engine.core.kv_cache_manager import KVCacheManager, chain_hashes
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
@@ -83,6 +84,7 @@ class LLMEngine:
         )
         config.dtype = self.dtype_choice.dtype  # recorded as resolved
         logger.info("dtype %s: %s", config.dtype, self.dtype_choice.reason)
+        logger.info("OpenMP wait policy %s: %s", omp_wait.state.policy, omp_wait.state.reason)
         config.attention_backend = resolve_attention_backend(config.attention_backend, self.device)
         torch.manual_seed(config.seed)
         tp_size = config.tensor_parallel_size
