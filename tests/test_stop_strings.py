@@ -99,3 +99,35 @@ def test_too_many_or_too_long_stops_are_refused_with_the_limit() -> None:
 def test_one_compiled_matcher_serves_every_child_of_a_request() -> None:
     stops = ("alpha", "beta")
     assert stop_strings.matcher(stops) is stop_strings.matcher(tuple(list(stops)))
+
+
+def reference_find(stops: tuple[str, ...], text: str, new_from: int) -> tuple[int, str] | None:
+    """Every (start, stop) whose end lies in the new text; the leftmost, longest at a tie."""
+    hits = [
+        (i, -len(s), s)
+        for s in stops
+        for i in range(len(text) - len(s) + 1)
+        if text.startswith(s, i) and i + len(s) > new_from
+    ]
+    return (min(hits)[0], min(hits)[2]) if hits else None
+
+
+def test_matches_are_the_references_on_random_text_and_an_adversarial_set() -> None:
+    import random
+
+    rng = random.Random(0)
+    for _ in range(300):
+        stops = tuple("".join(rng.choices("ab", k=rng.randint(1, 6))) for _ in range(4))
+        text = "".join(rng.choices("ab", k=rng.randint(0, 30)))
+        new_from = rng.randint(0, len(text))
+        assert StopMatcher(stops).find(text, new_from) == reference_find(stops, text, new_from)
+    # No common prefix, long runs of one letter: what made a regex alternation backtrack.
+    adversarial = tuple("a" * i + "b" + "a" * (MAX_STOP_CHARS - 1 - i) for i in range(128))
+    m = StopMatcher(adversarial)
+    text = "a" * 1500
+    assert m.find(text, 1499) is None
+    text += "b" + "a" * 10
+    assert m.find(text, 1500) is None  # 'b' needs 511 - i more a's after it
+    text += "a" * (MAX_STOP_CHARS - 11)
+    want = reference_find(adversarial, text, len(text) - 1)
+    assert want is not None and m.find(text, len(text) - 1) == want
