@@ -221,6 +221,12 @@ class RunConfig:
             check_split(self)
         self._validate_sim()
         _check_extra_body(self.extra_body)
+        if "priority" in self.extra_body and any(c.priority is not None for c in self.classes):
+            raise ValueError(
+                "--extra-body 'priority' would replace the priority each traffic class sends "
+                "(priority= in --class or the mix) while its results stay labelled with the "
+                "class's own: give it there"
+            )
         if self.in_process and (self.headers or self.extra_body):
             raise ValueError("--header and --extra-body go over HTTP: not with --in-process")
         for key in ("input_len", "output_len"):

@@ -489,3 +489,10 @@ def test_extra_body_cannot_set_what_the_load_generator_measures(body: str, flag:
     with pytest.raises(ValueError, match=re.escape(flag)):
         build(extra_body=body)
     assert build(extra_body='{"min_p": 0.1, "priority": 1}').extra_body["min_p"] == 0.1
+
+
+def test_extra_body_priority_is_refused_where_traffic_classes_set_priorities() -> None:
+    classes = ["a:rate=2,priority=0", "b:rate=1,priority=1"]
+    with pytest.raises(ValueError, match="priority each traffic class sends"):
+        build(extra_body='{"priority": 5}', classes=classes)
+    assert build(extra_body='{"priority": 5}', classes=["a:rate=2", "b:rate=1"]).classes
