@@ -118,6 +118,10 @@ def test_penalties_stop_a_greedy_reply_from_repeating(llm: LLM) -> None:
         ("logit_bias", {"x": 1}),
         ("logit_bias", {"5": "high"}),
         ("logit_bias", [1, 2]),
+        ("suffix", "tail"),  # what would change the reply is refused, never ignored
+        ("response_format", {"type": "json_object"}),
+        ("response_format", "text"),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ],
 )
 def test_out_of_range_values_get_a_400_naming_the_field(field: str, value: Any) -> None:
@@ -176,3 +180,13 @@ def test_speculative_decoding_leaves_penalized_requests_to_the_plain_sampler() -
     assert want == [5] * 16
     assert spec.generate(prompt, params)[0].outputs[0].token_ids == want
     assert spec.llm_engine.stats()["spec_decode_num_draft_tokens"] == 0
+
+
+def test_fields_that_change_nothing_pass() -> None:
+    for extra in (
+        {"suffix": ""},
+        {"response_format": {"type": "text"}},
+        {"tools": [{"type": "function"}], "tool_choice": "none"},
+        {"user": "u"},
+    ):
+        assert parse_completion({"prompt": "hi", **extra}).params is not None

@@ -161,6 +161,18 @@ def parse_common(body: dict[str, Any], prompts: list[str | list[int]], chat: boo
         raise APIError("echo is not supported", param="echo")
     if body.get("best_of") not in (None, 1):
         raise APIError("best_of is not supported", param="best_of")
+    # Fields that would change the reply's meaning are refused, never ignored (vLLM refuses
+    # suffix too); fields that only label a request (user) pass.
+    if body.get("suffix"):
+        raise APIError("suffix is not supported", param="suffix")
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise APIError(
+            "response_format other than {'type': 'text'} is not supported (no structured output)",
+            param="response_format",
+        )
+    if body.get("tools") and body.get("tool_choice", "auto") != "none":
+        raise APIError("tool calls are not supported (tool_choice 'none' is)", param="tools")
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     max_tokens = None
     for name in names:

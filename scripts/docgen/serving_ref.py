@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import inspect
-import re
 
 from engine.serving import protocol, server
 from engine.serving.metrics import process_metrics
@@ -17,6 +16,7 @@ OPENAI_FIELDS = {
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature",
     "top_p", "n", "stream", "stream_options", "stop", "seed", "presence_penalty",
     "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "echo", "best_of",
+    "suffix", "response_format", "tools", "tool_choice", "user",
 }  # fmt: skip
 
 
@@ -50,8 +50,12 @@ def body_fields() -> dict[str, str]:
             fields.setdefault(name, what)
         elif func == "body.get" and isinstance(args[0], ast.Constant):
             fields.setdefault(args[0].value, "")
-    for name, _ in re.findall(r'"(\w+) is not supported", param="(\w+)"', _source(protocol)):
-        fields[name] = "refused (400): not supported"
+    for call in _calls(protocol):
+        if ast.unparse(call.func) == "APIError" and call.args:
+            message, param = call.args[0], {k.arg: k.value for k in call.keywords}.get("param")
+            constants = isinstance(message, ast.Constant) and isinstance(param, ast.Constant)
+            if constants and "not supported" in str(message.value):  # type: ignore[union-attr]
+                fields[param.value] = f"refused (400): {message.value}"  # type: ignore[union-attr]
     fields.setdefault("max_completion_tokens", "chat: the same as max_tokens")
     return fields
 
