@@ -62,19 +62,37 @@ def signals_exit() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def run_group(cmd: Sequence[str], **kwargs: Any) -> int:
-    """subprocess.run for a child that starts children: its own process group, stopped with
-    all of it on every exit path (also after a normal exit: stragglers). Runs in our
-    interpreter, so it takes the bundled server's PR_SET_PDEATHSIG set-up."""
+@contextlib.contextmanager
+def group_child(cmd: Sequence[str], **kwargs: Any) -> Iterator[subprocess.Popen]:
+    """subprocess.Popen for a child that may start children: its own process group, dying
+    with us (the bundled server's PR_SET_PDEATHSIG set-up, so it runs in our interpreter),
+    stopped with all of its group when the block ends, however it ends."""
     from bench_cli.local_server import die_with_parent
 
     dies = functools.partial(die_with_parent, os.getpid())
     proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=dies, **kwargs)
     try:
         with signals_exit():
-            return proc.wait()
+            yield proc
     finally:
         stop_group(proc)
+
+
+def run_group(
+    cmd: Sequence[str],
+    check: bool = False,
+    capture_output: bool = False,
+    timeout: float | None = None,
+    **kwargs: Any,
+) -> subprocess.CompletedProcess:
+    """subprocess.run in a group_child: stragglers of a normal exit are stopped too."""
+    if capture_output:
+        kwargs |= {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with group_child(cmd, **kwargs) as proc:
+        out, err = proc.communicate(timeout=timeout)
+    if check and proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, list(cmd), out, err)
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
 def stop_group_on_sigterm() -> None:

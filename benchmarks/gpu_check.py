@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from child_procs import run_group
 
 CUDA = torch.cuda.is_available()
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,8 +213,8 @@ def utilization_section(peak: dict[str, Any], out: Path) -> None:
 def fp8_section(quick: bool) -> None:
     args = ["--models", "smollm2,7b" if CUDA else "smollm2"]
     args += ["--tokens", "1,32,256" if CUDA and not quick else "1,32"]
-    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fp8_matmul.py"), *args],
-                         capture_output=True, text=True, timeout=240)  # fmt: skip
+    run = run_group([sys.executable, str(ROOT / "benchmarks" / "fp8_matmul.py"), *args],
+                    capture_output=True, text=True, timeout=240)  # fmt: skip
     print(run.stdout.strip() or run.stderr.strip()[-2000:])
 
 
@@ -226,7 +226,7 @@ def profile_section(out: Path) -> None:
         cmd = [sys.executable, "-m", "bench_cli", "profile", "--batch", "32", "--context", "512",
                "--steps", "10", "--dtype", "bfloat16", "--attention-backend", backend,
                "--out", str(out / f"profile-{backend}")]  # fmt: skip
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        run = run_group(cmd, capture_output=True, text=True, timeout=300)
         print(f"-- bench profile, {backend} backend:")
         print("\n".join(run.stdout.strip().splitlines()[-20:]) or run.stderr.strip()[-1500:])
 
@@ -241,7 +241,7 @@ def bench_run_section(out: Path, quick: bool) -> None:
     cmd = [sys.executable, "-m", "bench_cli", "run", "--model", "smollm2-135m", "--rate", "16",
            "--duration", str(seconds), "--input-len", "256", "--output-len", "64",
            "--no-dashboard", "--out", str(run_dir), "--attention-backend", "triton"]  # fmt: skip
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 180)
+    run = run_group(cmd, capture_output=True, text=True, timeout=seconds + 180)
     print("\n".join(run.stdout.strip().splitlines()[-16:]))
     if run.returncode:
         print(f"bench run exited {run.returncode}: {run.stderr.strip()[-1500:]}")

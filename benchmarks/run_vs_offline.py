@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from child_procs import run_group
+
 
 def run_steps(args: argparse.Namespace, out: Path) -> list[dict]:
     cmd = [str(Path(sys.executable).parent / "bench"), "run", "--model", args.model,
@@ -34,7 +36,7 @@ def run_steps(args: argparse.Namespace, out: Path) -> list[dict]:
            "--input-len", str(args.input_len), "--output-len", str(args.output_len),
            "--no-dashboard", "--out", str(out)]  # fmt: skip
     print("+ bench", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    run_group(cmd, check=True, stdout=subprocess.DEVNULL)  # stops its bench serve too
     lines = (out / "steps.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines if line.strip()]
 

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from child_procs import group_child
+
 # isort: off
 import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allocates)
 
@@ -97,10 +99,8 @@ def main() -> None:
     port = free_port()
     cmd = [bench, "serve", "--model", args.model, "--dtype", args.dtype, "--port", str(port)]
     cmd += ["--max-num-seqs", str(args.max_num_seqs)]
-    server = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy()
-    )
-    try:
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    with group_child(cmd, env=os.environ.copy(), **quiet) as server:  # stopped on any exit
         base = f"http://127.0.0.1:{port}"
         deadline = time.time() + 300
         while True:
@@ -116,9 +116,6 @@ def main() -> None:
         for _ in range(args.repeat):  # interleaved, so drift on a shared machine hits both
             http_runs.append(asyncio.run(through_http(base, prompts, args.output_len)))
             offline_runs.append(offline())
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
     offline_s, http_s = min(offline_runs), min(http_runs)
     n_out = args.num_prompts * args.output_len
     threads = torch.get_num_threads()

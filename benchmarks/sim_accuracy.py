@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from child_procs import run_group
 
 from loadgen.benchmark import draft_shares_by_request
 from loadgen.records import read_records
@@ -69,7 +69,7 @@ METRICS = [  # (label, summary key, stat)
 
 def bench(args: list[str], out: Path) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench_cli", "run", "--no-dashboard", "--out", str(out), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = run_group(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return json.loads((out / "summary.json").read_text())
@@ -129,7 +129,7 @@ def main() -> None:
     elif profile is None:
         profile = str(root / "calibration.json")
         cmd = [sys.executable, "-m", "bench_cli", "calibrate", "--model", args.model]
-        subprocess.run([*cmd, "--out", profile], check=True)
+        run_group([*cmd, "--out", profile], check=True)
     base = ["--model", args.model, "--num-requests", str(args.num_requests), "--warmup", "2"]
     wanted = [s.strip() for s in (args.only or "").split(",") if s.strip()]
     rows = []
@@ -149,7 +149,7 @@ def main() -> None:
             cmd = [sys.executable, "-m", "bench_cli", "calibrate", "--model", args.model]
             for other in others:
                 cmd += ["--from-run", other]
-            subprocess.run([*cmd, "--out", profile], check=True, capture_output=True)
+            run_group([*cmd, "--out", profile], check=True, capture_output=True)
         sim_flags = [*base, *COMMON, *flags, "--engine", "sim", "--sim-profile", profile]
         if rates := real["telemetry"].get("spec_acceptance_per_pos"):
             sim_flags += ["--sim-acceptance", ",".join(f"{r:.4f}" for r in rates)]

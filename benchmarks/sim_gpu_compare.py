@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
+
+from child_procs import run_group
 
 LLAMA_8B_SHAPE = {
     "architectures": ["LlamaForCausalLM"],
@@ -49,7 +50,7 @@ METRICS = [
 
 
 def bench(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "bench_cli", *args], check=True)
+    run_group([sys.executable, "-m", "bench_cli", *args], check=True)
 
 
 def make_model(folder: Path) -> None:

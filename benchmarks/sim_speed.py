@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from child_procs import group_child
+
 LOAD = [
     "--engine", "sim", "--sim-device", "h100", "--model", "meta-llama/Llama-3.1-8B",
     "--rate", "100", "--input-len", "256", "--output-len", "128", "--max-num-seqs", "256",
@@ -109,9 +111,9 @@ def run(path: str, duration: float, out: Path) -> dict[str, float]:
         cmd = ["taskset", "-c", "0", *cmd]
     log = out.with_suffix(".log")
     t = time.perf_counter()
-    with log.open("w") as f:
-        child = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+    with log.open("w") as f, group_child(cmd, stdout=f, stderr=subprocess.STDOUT) as child:
         _, status, usage = os.wait4(child.pid, 0)  # this child's own peak memory
+        child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
     wall = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"{path}: bench run failed\n{log.read_text()[-3000:]}")

@@ -132,7 +132,7 @@ def run_vllm(
     log = workdir / "vllm.log"
     env = vllm_env(args)
     with log.open("w") as f:  # its own process group, stopped whole on every exit path
-        returncode = run_group(cmd, env=env, stdout=f, stderr=subprocess.STDOUT)
+        returncode = run_group(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     if returncode:
         tail = log.read_text().splitlines()[-15:]
         raise SystemExit(

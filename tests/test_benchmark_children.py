@@ -78,3 +78,43 @@ def test_a_stopped_side_by_side_leaves_no_vllm_process(tmp_path: Path, sig: int)
             os.killpg(parent.pid, signal.SIGKILL)
         if grandchild is not None and _alive(grandchild):
             os.kill(grandchild, signal.SIGKILL)
+
+
+# A child that can start children of its own (bench run starts bench serve; vLLM an
+# EngineCore) goes through child_procs; these calls start nothing that outlives them.
+LEAF_CHILDREN = {
+    ("omp_regions.py", "run"),  # gcc, then the measured script in the foreground
+    ("vllm_side_by_side.py", "run"),  # pip installs of --setup-vllm-env
+    ("noisy_neighbour.py", "Popen"),  # its own group and stop_group, like child_procs
+    ("noisy_neighbour.py", "run"),  # `python -c "import vllm"`
+    ("loadgen_capacity.py", "Popen"),  # the mock server: one process, no children
+    ("llamacpp_side_by_side.py", "run"),  # pip, cmake and llama.cpp's own tools
+}
+
+
+def test_benchmarks_start_children_that_start_children_through_child_procs() -> None:
+    import ast
+
+    found = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            func = node.func
+            starts = func.attr in ("run", "Popen", "call", "check_call", "check_output")
+            if starts and isinstance(func.value, ast.Name) and func.value.id == "subprocess":
+                found.append((path.name, func.attr, node.lineno))
+    unchecked = [f for f in found if f[:2] not in LEAF_CHILDREN and f[0] != "child_procs.py"]
+    assert not unchecked, f"use child_procs.run_group / group_child: {unchecked}"
+
+
+def test_run_group_is_subprocess_run_with_the_group_stopped() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from child_procs import run_group
+
+    done = run_group([sys.executable, "-c", "print('hi')"], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "hi\n")
+    with pytest.raises(subprocess.CalledProcessError):
+        run_group([sys.executable, "-c", "raise SystemExit(3)"], check=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_group([sys.executable, "-c", "import time; time.sleep(30)"], timeout=0.5)
