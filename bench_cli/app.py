@@ -317,8 +317,8 @@ def run(
     workers: Annotated[
         str | None,
         Opt(
-            help="processes sending the load (default 1), or auto (from the rate and a "
-            "measurement at start): an open-loop schedule to an HTTP server"
+            help="processes sending the load to an HTTP server (default 1), or auto (from "
+            "the rate and a measurement at start); --concurrency's slots are split over them"
         ),
     ] = None,
     ray_address: Annotated[
