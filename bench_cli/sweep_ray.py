@@ -13,13 +13,16 @@ that its server served the others' too."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -160,38 +163,85 @@ def run_points(
         if len(summaries[point.index]) == sweep.repeat:
             rows[point.index] = aggregate(point, _ordered(summaries[point.index]))
             on_row(rows)
+    signals: list[int] = []
+    with _noting_signals(signals):
+        try:
+            code = _gather(ray, pending, sweep, summaries, rows, on_row, signals)
+        except BaseException:  # a bug of ours: stop the tasks before it propagates
+            _cancel(ray, pending)
+            raise
+        if signals:
+            _cancel(ray, pending)
+    if signals:
+        name = signal.Signals(signals[0]).name
+        console.print(
+            f"[yellow]interrupted[/] by {name}: finished points are kept (--resume)",
+            highlight=False,
+        )
+        return 128 + signals[0]
+    return rows if code is None else code
+
+
+def _gather(
+    ray: Any,
+    pending: dict[Any, tuple[SweepPoint, int]],
+    sweep: Sweep,
+    summaries: dict[int, dict[int, dict[str, Any]]],
+    rows: dict[int, dict[str, Any]],
+    on_row: Callable[[dict[int, dict[str, Any]]], None],
+    signals: list[int],
+) -> int | None:
+    """Each run's files and summary as its task ends, until all have or a signal came; the
+    exit code when a run could not run (the other tasks cancelled)."""
+    console = sweep.console
+    while pending and not signals:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
+        for ref in ready:
+            point, k = pending.pop(ref)
+            try:
+                result: PointResult = ray.get(ref)
+            except Exception as e:  # the task raised, or its worker died
+                _cancel(ray, pending)
+                console.print(
+                    f"[bold red]error at {escape(point.label)}:[/] {escape(str(e))}",
+                    highlight=False,
+                )
+                return 1
+            _write(_out(sweep, point, k), result.files)
+            console.print(result.printed.rstrip(), markup=False, highlight=False)
+            if result.code is not None:
+                _cancel(ray, pending)
+                return result.code
+            assert result.summary is not None
+            if result.summary["interrupted"]:
+                _cancel(ray, pending)
+                console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
+                return exit_code(result.summary)
+            summaries[point.index][k] = result.summary
+            if len(summaries[point.index]) == sweep.repeat:
+                rows[point.index] = aggregate(point, _ordered(summaries[point.index]))
+                on_row(rows)
+    return None
+
+
+@contextlib.contextmanager
+def _noting_signals(into: list[int]) -> Iterator[None]:
+    """Ctrl-C and SIGTERM noted, not raised, while the driver waits on Ray: an exception
+    raised from a handler inside Ray's wait leaves it a SystemError, and the tasks running."""
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        into.append(signum)
+
     try:
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=POLL_S)
-            for ref in ready:
-                point, k = pending.pop(ref)
-                try:
-                    result: PointResult = ray.get(ref)
-                except Exception as e:  # the task raised, or its worker died
-                    _cancel(ray, pending)
-                    console.print(
-                        f"[bold red]error at {escape(point.label)}:[/] {escape(str(e))}",
-                        highlight=False,
-                    )
-                    return 1
-                _write(_out(sweep, point, k), result.files)
-                console.print(result.printed.rstrip(), markup=False, highlight=False)
-                if result.code is not None:
-                    _cancel(ray, pending)
-                    return result.code
-                assert result.summary is not None
-                if result.summary["interrupted"]:
-                    _cancel(ray, pending)
-                    console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
-                    return exit_code(result.summary)
-                summaries[point.index][k] = result.summary
-                if len(summaries[point.index]) == sweep.repeat:
-                    rows[point.index] = aggregate(point, _ordered(summaries[point.index]))
-                    on_row(rows)
-    except BaseException:  # Ctrl-C (Interrupted), or a task that raised: stop the others
-        _cancel(ray, pending)
-        raise
-    return rows
+        previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: no handler can be set
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _out(sweep: Sweep, point: SweepPoint, k: int) -> Path:

@@ -154,3 +154,45 @@ def test_a_point_asks_a_cpu_a_load_process_and_a_gpu_for_its_server_where_there_
     assert resources(bundled, None, 8) == {"num_cpus": 1, "num_gpus": 1}
     assert resources(bundled, None, 0) == {"num_cpus": 1, "num_gpus": 0}
     assert resources(external, object(), 2)["num_gpus"] == 1  # --serve-cmd starts one
+
+
+def test_ctrl_c_stops_every_points_task_and_server(local_ray: None, tmp_path: Path) -> None:
+    """The driver cancels the tasks; each stops its server on the way out (Ray's cancel is a
+    SIGINT in the task, which its run takes as Ctrl-C)."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    marker = f"m{os.getpid()}x{time.monotonic_ns()}"  # this test's servers, by their --tag
+    slow = SERVED.replace("num_requests = 6", "num_requests = 400").replace('"a", "b"', "")
+    (tmp_path / "p.toml").write_text(slow.replace("tag = []", f'tag = ["{marker}a", "{marker}b"]'))
+    serve = f"{sys.executable} -m loadgen.mock_server --port {{port}} --tag {{tag}} --itl 0.05"
+    cmd = [sys.executable, "-m", "bench_cli", "sweep", "--profile", str(tmp_path / "p.toml")]
+    cmd += ["--serve-cmd", serve, "--ray-address", "local", "--no-dashboard"]
+    cmd += ["--out", str(tmp_path / "s")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def servers() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            if any(marker in part for part in p.info["cmdline"] or []):
+                found.append(p)
+        return found
+
+    try:
+        deadline = time.monotonic() + 120
+        while len(servers()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(servers()) == 2, "both points' servers running at once"
+        time.sleep(2)  # into the load
+        proc.send_signal(signal.SIGINT)
+        printed, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, printed
+    assert "interrupted by SIGINT" in printed
+    assert not [p for p in servers() if p.status() != psutil.STATUS_ZOMBIE]
