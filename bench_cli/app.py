@@ -317,8 +317,8 @@ def run(
     workers: Annotated[
         str | None,
         Opt(
-            help="processes sending the load (default 1), or auto (from the rate and a "
-            "measurement at start): an open-loop schedule to an HTTP server"
+            help="processes sending the load to an HTTP server (default 1), or auto (from "
+            "the rate and a measurement at start); --concurrency's slots are split over them"
         ),
     ] = None,
     ray_address: Annotated[
@@ -476,6 +476,13 @@ def sweep(
         ),
     ] = None,
     repeat: Annotated[int, Opt(help="runs per point (fresh server each): mean, std, 95% CI")] = 1,
+    ray_address: Annotated[
+        str | None,
+        Opt(
+            help="run the points at once as Ray tasks on this cluster (ADDR, or local): a CPU "
+            "for each load process, a GPU for a point's server where the cluster has GPUs"
+        ),
+    ] = None,
     resume: Annotated[str | None, Opt(help="a sweep folder: skip its finished points")] = None,
     name: Annotated[str | None, Opt(help="sweep name (in the folder name)")] = None,
     out: Annotated[str | None, Opt(help="sweep folder (default results/<time>-<name>)")] = None,
@@ -522,6 +529,7 @@ def sweep(
         serve,
         slo_search,
         slo_target,
+        ray_address,
     )
     raise typer.Exit(code)
 

@@ -137,9 +137,16 @@ def _run_one(
     for note in built.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     workers = _auto_workers(cfg, built.plan.offsets, console)
+    from loadgen.worker_slots import fit_workers
+
+    split = fit_workers(cfg)  # --concurrency's slots over the workers (fewer workers than C)
+    if split is not None:
+        console.print(f"[yellow]note:[/] {escape(split)}", highlight=False)
     config: dict[str, Any] = {"run": cfg.to_dict(), "tokenizer": tokenizer_name, **built.info}
     if workers is not None:
         config["workers_auto"] = workers
+    if split is not None:
+        config["workers_split"] = split
     if isinstance(server_info, ServerInfo):  # an external server: what it said it is
         config["server"] = server_info.describe()
     config["load"] = _load_text(cfg)  # in words, for the report's subtitle

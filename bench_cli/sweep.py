@@ -49,7 +49,7 @@ from bench_cli.sweep_table import invalid, print_comparison
 from bench_cli.sweep_verdict import print_verdict
 from bench_cli.sweep_verdict import slo_target_of as target_of
 from loadgen.config import setting_names
-from loadgen.redact import redact_settings
+from loadgen.redact import redact_settings, redact_url
 
 
 def run_sweep(
@@ -63,12 +63,24 @@ def run_sweep(
     serve: ServeCommand | None = None,
     search: str | None = None,
     target: float | None = None,
+    ray_address: str | None = None,
 ) -> int:
-    """`target`: --slo-target, the share of requests in SLO that makes a load served."""
+    """`target`: --slo-target, the share of requests in SLO that makes a load served;
+    `ray_address`: the points at once as Ray tasks (bench_cli/sweep_ray.py)."""
     with raising_on_signals():
         try:
             return _run_sweep(
-                profile, flags, repeat, resume, dashboard, console, rates, serve, search, target
+                profile,
+                flags,
+                repeat,
+                resume,
+                dashboard,
+                console,
+                rates,
+                serve,
+                search,
+                target,
+                ray_address,
             )
         except Interrupted as e:  # outside a point's load (which handles signals itself)
             console.print(
@@ -88,6 +100,7 @@ def _run_sweep(
     serve: ServeCommand | None = None,
     search: str | None = None,
     target: float | None = None,
+    ray_address: str | None = None,
 ) -> int:
     import pandas as pd
 
@@ -113,6 +126,8 @@ def _run_sweep(
             plan["slo_search"] = search
         if target is not None:
             plan["slo_target"] = target
+        if ray_address is not None:
+            plan["ray_address"] = ray_address
         auto = spec.auto if spec is not None else None
         anchors = None
         if spec is not None:
@@ -137,8 +152,15 @@ def _run_sweep(
                 raise ValueError(f'{given} needs an SLO: the profile\'s slo = "ttft=..."')
         if serve is not None:  # before anything starts: every key reaches the server or load
             serve.check(grid(planned), setting_names())  # load keys
+        shared = None  # --ray-address: the one server every point loads at once
         for point in grid(planned):  # every point's config must resolve before the first runs
-            resolve_config(base, _check_flags(flags, point, sweep_dir, serve))
+            cfg = resolve_config(base, _check_flags(flags, point, sweep_dir, serve))
+            if ray_address is not None:
+                from bench_cli.sweep_ray import check_ray_sweep
+
+                check_ray_sweep(cfg, bool(auto), found_by is not None)
+                if serve is None and cfg.base_url and len(grid(planned)) * repeat > 1:
+                    shared = redact_url(cfg.base_url)
     except (ValueError, OSError, ModelLoadError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         return 2
@@ -167,7 +189,11 @@ def _run_sweep(
         if code is not None:
             return code
         axes = axes | {"rate": sorted({r["rate"] for r in rows})}
-    for point in [] if found_by is not None else grid(axes):
+    if ray_address is not None:
+        code = _run_on_ray(sweep, grid(axes), total, ray_address, shared, rows, pd)
+        if code is not None:
+            return code
+    for point in [] if found_by is not None or ray_address is not None else grid(axes):
         row = sweep.point_row(point, total)
         if isinstance(row, int):
             return row
@@ -183,6 +209,40 @@ def _run_sweep(
     sweep_report(sweep_dir)
     console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
     return INVALID_EXIT if any(invalid(r) for r in rows) else 0
+
+
+def _run_on_ray(
+    sweep: Sweep,
+    points: list[SweepPoint],
+    total: int,
+    address: str,
+    shared: str | None,
+    rows: list[dict[str, Any]],
+    pd: Any,
+) -> int | None:
+    """The points at once as Ray tasks; `rows` filled in grid order (sweep.csv rewritten as
+    each point ends, as a serial sweep does); the exit code when the sweep ended early."""
+    from bench_cli.sweep_ray import run_points
+
+    if shared is not None:
+        sweep.console.print(
+            f"[yellow]note:[/] every point loads {escape(shared)} at the same time: each "
+            "point's numbers are under the others' load too (each summary says so)",
+            highlight=False,
+        )
+
+    def config_of(point: SweepPoint, out: Path) -> Any:
+        return resolve_config(sweep.base, _check_flags(sweep.flags, point, out, sweep.serve))
+
+    def save(by_index: dict[int, dict[str, Any]]) -> None:
+        rows[:] = [by_index[i] for i in sorted(by_index)]
+        _write_csv(sweep.sweep_dir, rows, pd)
+
+    done = run_points(sweep, points, total, address, shared, config_of, save)
+    if isinstance(done, int):
+        return done
+    save(done)
+    return None
 
 
 def _find_anchors(
@@ -269,7 +329,7 @@ def _check_resume(sweep_dir: Path, plan: dict[str, Any], resuming: bool) -> None
     except (OSError, ValueError) as e:
         raise ValueError(f"--resume {sweep_dir}: not a sweep folder ({e})") from e
     # report_axes: written at the end, from the results; slo_target: judges them, as the lag limit
-    keys = (set(before) | set(plan)) - {"report_axes", "slo_target"}
+    keys = (set(before) | set(plan)) - {"report_axes", "slo_target", "ray_address"}
     changed = sorted(k for k in keys if _results_part(before, k) != _results_part(plan, k))
     if changed:
         raise ValueError(f"--resume {sweep_dir}: changed since it started: {', '.join(changed)}")

@@ -35,6 +35,9 @@ class Sweep:
     dashboard: bool
     console: Console
     serve: ServeCommand | None = None  # --serve-cmd: a server of ours started per run
+    # where the runs write, when not in sweep_dir itself: a Ray task's folder on its node,
+    # shipped to the driver's sweep_dir after (bench_cli/sweep_ray.py); configs name sweep_dir
+    stage: Path | None = None
 
     def run(self, point: SweepPoint, k: int, total: int) -> dict[str, Any] | int:
         """Run k of a point (or the one an earlier attempt finished): its summary, or the exit
@@ -43,28 +46,29 @@ class Sweep:
 
         repeat, console = self.repeat, self.console
         out = self.sweep_dir / point.dirname / (f"run{k + 1}" if repeat > 1 else "")
+        where = out if self.stage is None else self.stage / out.relative_to(self.sweep_dir)
         title = escape(f"[{point.index + 1}/{total}] {point.label}") + (
             f" (run {k + 1}/{repeat})" if repeat > 1 else ""
         )
-        summary = finished(out)
+        summary = finished(where)
         if summary is not None:
             console.print(f"{title}: done before, kept")
         else:
             console.rule(title)
-            shutil.rmtree(out, ignore_errors=True)  # an unfinished attempt
+            shutil.rmtree(where, ignore_errors=True)  # an unfinished attempt
             server: ServerProcess | None = None
             try:
                 flags = point_flags(self.flags, point, out)
                 if self.serve is not None:  # the server first: its base URL is the run's
-                    out_dir = run_dir(str(out), self.name)
-                    server, flags = self._start_server(point, out_dir)
+                    out_dir = run_dir(str(where), self.name)
+                    server, flags = self._start_server(point, out_dir, out)
                 cfg = resolve_config(self.base, flags)
                 if cfg.save_vllm_json:  # one file a point, in its folder: never one over another
-                    cfg = replace(cfg, save_vllm_json=str(out / Path(cfg.save_vllm_json).name))
+                    cfg = replace(cfg, save_vllm_json=str(where / Path(cfg.save_vllm_json).name))
                 if cfg.save_vllm_json:
-                    check_vllm_json_path(cfg.save_vllm_json, str(out), overwrite=True)
+                    check_vllm_json_path(cfg.save_vllm_json, str(where), overwrite=True)
                 if server is None:
-                    out_dir = run_dir(str(out), self.name)
+                    out_dir = run_dir(str(where), self.name)
                 summary = run_one(cfg, out_dir, self.dashboard, console, report=False)
             except (ServerStartError, ValueError, ModelLoadError) as e:
                 console.print(f"[bold red]error at {title}:[/] {escape(str(e))}", highlight=False)
@@ -83,15 +87,7 @@ class Sweep:
                 console.print(f"[bold red]error at {title}:[/] {message}", highlight=False)
                 return 1
         if not summary["interrupted"]:
-            grew = (summary.get("ttft_growth") or {}).get("grew")
-            console.print(
-                f"  {summary['completed']} ok, {summary['failed']} failed, "
-                f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
-                f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms"
-                + ("; TTFT grew through the run: over capacity" if grew else "")
-                + ("; [bold red]INVALID[/]: schedule not kept" if not summary["valid"] else ""),
-                highlight=False,
-            )
+            print_outcome(console, summary)
         return summary
 
     def point_row(self, point: SweepPoint, total: int) -> dict[str, Any] | int:
@@ -108,18 +104,31 @@ class Sweep:
         return aggregate(point, summaries)
 
     def _start_server(
-        self, point: SweepPoint, out_dir: Path
+        self, point: SweepPoint, out_dir: Path, out: Path
     ) -> tuple[ServerProcess, dict[str, Any]]:
         """Start the point's --serve-cmd server (its output in server.log, what it ran in
-        server.json); the run's flags, pointed at it."""
+        server.json, both in out_dir); the run's flags (results in `out`), pointed at it."""
         assert self.serve is not None
         server, base_url = self.serve.server(point.settings, out_dir / "server.log")
         write_json(out_dir / "server.json", {"cmd": server.cmd, "settings": point.settings})
         with self.console.status(escape(f"starting `{shlex.join(server.cmd)}` ...")):
             server.start(self.serve.ready_timeout)
         run_point = replace(point, settings=self.serve.run_settings(point.settings))
-        flags = point_flags(self.flags, run_point, out_dir) | {"base_url": base_url}
+        flags = point_flags(self.flags, run_point, out) | {"base_url": base_url}
         return server, flags
+
+
+def print_outcome(console: Console, summary: dict[str, Any]) -> None:
+    """A finished run's line under its point's title."""
+    grew = (summary.get("ttft_growth") or {}).get("grew")
+    console.print(
+        f"  {summary['completed']} ok, {summary['failed']} failed, "
+        f"{summary['output_throughput']:.1f} out tok/s, TTFT p99 "
+        f"{(summary['ttft_s']['p99'] or 0) * 1e3:.0f} ms"
+        + ("; TTFT grew through the run: over capacity" if grew else "")
+        + ("; [bold red]INVALID[/]: schedule not kept" if not summary["valid"] else ""),
+        highlight=False,
+    )
 
 
 def point_flags(flags: dict[str, Any], point: SweepPoint, out: Path) -> dict[str, Any]:

@@ -436,7 +436,7 @@ async def run_benchmark(
     if cfg.workers != 1 or cfg.ray_address:
         from loadgen.per_worker import judge_workers
 
-        judge_workers(summary, outcome.records)
+        judge_workers(summary, outcome.records, cfg.closed_loop)
         runner.describe(summary)  # a dead worker; Ray workers' clock offsets
     summary["interrupted"] = outcome.interrupted
     summary["stop_signal"] = runner.stop_signal

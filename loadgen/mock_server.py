@@ -43,7 +43,7 @@ TIMING_KEY = web.AppKey("timing", MockTiming)
 COUNT_KEY = web.AppKey("count", list)
 MODE_KEY = web.AppKey("mode", dict)  # misbehave: the default mode, required headers, counts
 DIALECT_KEY = web.AppKey("dialect", str)
-RUNNING_KEY = web.AppKey("running", list)  # requests being answered now
+RUNNING_KEY = web.AppKey("running", list)  # requests being answered now, and the most at once
 
 # What each peer says about itself (looked up in their sources): its model id form, owned_by,
 # version endpoint, and /metrics names for running, waiting, KV usage (0-1) and preemptions.
@@ -209,6 +209,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 async def _counted(request: web.Request, chat: bool) -> web.StreamResponse:
     running = request.app[RUNNING_KEY]
     running[0] += 1
+    running[1] = max(running[1], running[0])  # /health's running_peak: a cap's test
     try:
         return await _generate(request, chat)
     finally:
@@ -250,7 +251,8 @@ async def version(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "requests": request.app[COUNT_KEY][0]})
+    count, peak = request.app[COUNT_KEY][0], request.app[RUNNING_KEY][1]
+    return web.json_response({"status": "ok", "requests": count, "running_peak": peak})
 
 
 def build_mock_app(
@@ -263,7 +265,7 @@ def build_mock_app(
     carry (else a 401); `dialect`: whose server it poses as (DIALECTS)."""
     app = web.Application()
     app[DIALECT_KEY] = dialect
-    app[RUNNING_KEY] = [0]
+    app[RUNNING_KEY] = [0, 0]
     app[TIMING_KEY] = timing
     app[COUNT_KEY] = [0]
     app[MODE_KEY] = {"default": misbehave, "headers": headers or {}, "counts": {}}

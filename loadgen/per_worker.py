@@ -14,10 +14,13 @@ from loadgen.metrics import distribution
 from loadgen.records import RequestRecord
 
 
-def worker_table(records: Sequence[RequestRecord], max_p99_lag_s: float) -> list[dict[str, Any]]:
+def worker_table(
+    records: Sequence[RequestRecord], max_p99_lag_s: float, closed: bool = False
+) -> list[dict[str, Any]]:
     """Per worker: requests, schedule lag, its share's scheduled and achieved rate and the
     two-sample KS test of its achieved gaps against its scheduled ones (a worker's share of a
-    Poisson process is not Poisson: its own schedule is what it is judged against)."""
+    Poisson process is not Poisson: its own schedule is what it is judged against). A closed
+    loop has no schedule: its achieved rate only."""
     measured = [r for r in records if not r.warmup and r.worker is not None]
     out = []
     for worker in sorted({r.worker for r in measured}):  # type: ignore[type-var]
@@ -38,6 +41,9 @@ def worker_table(records: Sequence[RequestRecord], max_p99_lag_s: float) -> list
             achieved = np.diff([a for _, _, a in sent])
             span, sched_span = sent[-1][2] - sent[0][2], sent[-1][1] - sent[0][1]
             row["achieved_rate"] = (len(sent) - 1) / span if span > 0 else None
+            if closed:  # each send was "scheduled" as it went: nothing to test
+                out.append(row)
+                continue
             row["scheduled_rate"] = (len(sent) - 1) / sched_span if sched_span > 0 else None
             d = ks_two_sample(achieved, scheduled)
             row["ks_vs_schedule"] = {"statistic": d, "p_value": ks_pvalue(d, len(achieved) / 2)}
@@ -45,10 +51,12 @@ def worker_table(records: Sequence[RequestRecord], max_p99_lag_s: float) -> list
     return out
 
 
-def judge_workers(summary: dict[str, Any], records: Sequence[RequestRecord]) -> None:
+def judge_workers(
+    summary: dict[str, Any], records: Sequence[RequestRecord], closed: bool = False
+) -> None:
     """Adds the per-worker table; a worker over the lag limit makes the run INVALID."""
     limit = summary["max_p99_lag_s"]
-    table = worker_table(records, limit)
+    table = worker_table(records, limit, closed)
     summary["workers"] = table
     late = [row for row in table if not row["valid"]]
     if late:

@@ -294,17 +294,24 @@ class LoadRunner:
             if plan.num_requests is not None and i >= plan.num_requests:
                 return
             await slots.acquire()
-            now = self.clock() - self.t0
-            spec = next(plan.specs, None)
-            if spec is None or (plan.duration_s is not None and now >= plan.duration_s):
+            spec = None if self._past(plan.duration_s) else await self._take()
+            if spec is None or self._past(plan.duration_s):  # taking may have waited
                 slots.release()
                 return
+            now = self.clock() - self.t0
             if isinstance(spec, Session):  # the slot is the conversation's, turn after turn
                 self._launch(self._session(i, spec, now, None, release=slots), requests=0)
                 continue
             rec = self._record(i, spec)
             rec.scheduled_s = now  # a closed loop sends the moment a slot frees up
             self._launch(self._send(spec, rec, self.t0, release=slots))
+
+    def _past(self, duration_s: float | None) -> bool:
+        return duration_s is not None and self.clock() - self.t0 >= duration_s
+
+    async def _take(self) -> RequestSpec | Session | None:
+        """A closed loop's next request (a worker process asks its driver: worker_feed.py)."""
+        return next(self.plan.specs, None)
 
     async def _session(
         self,

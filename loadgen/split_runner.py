@@ -1,12 +1,14 @@
-"""`bench run --workers N`: one seeded open-loop schedule sent from N worker processes
-(loadgen/workers.py), for loads past what one event loop keeps to.
+"""`bench run --workers N`: one seeded load sent from N worker processes (loadgen/workers.py),
+for loads past what one event loop keeps to.
 
-The schedule is split by arrival index (item i goes to worker i mod N; a conversation is one
-item, so its turns stay on one worker). The driver lets the workers on together: worker 0's
-test request first, then everyone's warm-up, then the load from one t0 it gives them all. It
-writes their records to one requests.jsonl as they arrive, and is the runner the live view and
-the summary read, as `LoadRunner` is for one process. A worker that dies fails the run: the
-others are stopped, every record kept, and `failure` says which worker and why."""
+An open-loop schedule is split by arrival index (item i goes to worker i mod N, or in
+proportion to their slots under a --concurrency cap; a conversation is one item, so its turns
+stay on one worker). A closed loop's C slots are split over the workers and its requests
+handed out as they ask (loadgen/worker_slots.py). The driver lets the workers on together:
+worker 0's test request first, then everyone's warm-up, then the load from one t0 it gives
+them all. It writes their records to one requests.jsonl as they arrive, and is the runner the
+live view and the summary read, as `LoadRunner` is for one process. A worker that dies fails
+the run: the others are stopped, every record kept, and `failure` says which worker and why."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from typing import Any
 from loadgen.backends import Backend
 from loadgen.records import RequestRecord
 from loadgen.runner import LoadPlan, Progress, RunOutcome
-from loadgen.sessions import Session
+from loadgen.worker_slots import Dispenser, closed_shares, open_shares, split_slots
 from loadgen.workers import LazyTokenizer, WorkerJob, worker_main
 
 START_DELAY_S = 0.1  # t0 this far after the last worker is ready: each hears of it by then
@@ -46,8 +48,7 @@ def parse_workers(value: Any) -> int | str:
 
 def check_split(cfg: Any) -> None:
     """What a run from several worker processes cannot be: the engine in this process (it
-    cannot be split across processes), or a load whose sends depend on one shared state (a
-    closed loop's free slots, a cap on requests in flight)."""
+    cannot be split across processes), or `auto` without a schedule to count from."""
     if cfg.ray_address and parse_workers(cfg.workers) == "auto":
         raise ValueError(
             "--ray-address with --workers auto: auto counts this machine's cores; give the "
@@ -66,11 +67,11 @@ def check_split(cfg: Any) -> None:
                 "worker processes need an HTTP server (--base-url, or the bundled server "
                 "`bench run` starts without --in-process)"
             )
-    if cfg.concurrency is not None:
-        kind = "a closed loop" if cfg.closed_loop else "--concurrency (a cap on all in flight)"
+    if cfg.closed_loop and parse_workers(cfg.workers) == "auto":
         raise ValueError(
-            f"--workers {cfg.workers}: {kind} is one pool of slots shared by every send; "
-            "worker processes send an open-loop schedule (--rate, a ramp, a trace or classes)"
+            "--workers auto with a closed loop (--concurrency alone): auto sizes the workers "
+            "from a schedule's rate; give the number, e.g. --workers 2 (C slots are split "
+            "over them)"
         )
 
 
@@ -115,11 +116,13 @@ class SplitRunner:
         on_record: Callable[[RequestRecord], None] | None = None,
         run_id: str = "req",
     ) -> None:
-        if plan.offsets is None or plan.concurrency:
-            raise ValueError("worker processes send an open-loop schedule without a cap")
         if not isinstance(workers, int):  # "auto": loadgen/worker_count.py resolves it first
             raise TypeError(f"workers={workers!r}: resolve --workers auto before the run")
         self.backend, self.plan, self.n = backend, plan, workers
+        # each worker's share of --concurrency (worker_slots.fit_workers fits N to it first)
+        self.slots = split_slots(plan.concurrency, workers) if plan.concurrency else None
+        closed = plan.offsets is None
+        self.dispenser = Dispenser(plan.specs, plan.num_requests) if closed else None
         self.on_record, self.run_id = on_record, run_id
         self.progress = Progress(total=plan.total)
         self.records: list[RequestRecord] = []
@@ -153,36 +156,40 @@ class SplitRunner:
     def describe(self, summary: dict[str, Any]) -> None:
         """What the summary keeps of the workers beyond their records."""
         summary["worker_failure"] = self.failure
+        summary["worker_slots"] = self.slots  # each worker's share of --concurrency
 
     def jobs(self) -> list[WorkerJob]:
-        """The schedule split by arrival index, worker 0 with the test request."""
+        """Each worker's share, worker 0 with the test request: its items of the schedule
+        (by arrival index), or a closed loop's first requests, one a slot."""
         plan, n = self.plan, self.n
-        assert plan.offsets is not None
-        items = list(plan.specs)[: len(plan.offsets)]  # as one process zips them
-        offsets = plan.offsets[: len(items)]
-        bases, total = [], 0
-        for item in items:  # multi-turn: records numbered by conversation, then turn
-            bases.append(total)
-            total += len(item.turns) if isinstance(item, Session) else 1
-        multi_turn = any(isinstance(item, Session) for item in items)
         backend = self.backend
         tokenizer = getattr(backend, "tokenizer", None)
         if tokenizer is not None:
             backend = _with_tokenizer(backend, LazyTokenizer(tokenizer))
+        weights = self.slots or [1] * n
+        if self.dispenser is not None:  # closed loop: the rest handed out as they ask
+            shares = closed_shares(self.dispenser, weights)
+        else:
+            assert plan.offsets is not None
+            shares = open_shares(plan.specs, plan.offsets, weights)
         return [
             WorkerJob(
                 w,
                 self.run_id,
                 backend,
-                offsets[w::n],
-                items[w::n],
-                list(range(len(items)))[w::n],
+                share.offsets,
+                share.items,
+                share.indices,
                 plan.warmup[w::n],
                 list(range(len(plan.warmup)))[w::n],
                 plan.probe if w == 0 else None,
-                bases[w::n] if multi_turn else None,
+                share.bases,
+                slots=self.slots[w] if self.slots else None,
+                duration_s=plan.duration_s,
+                num_requests=plan.num_requests,
+                exhausted=self.dispenser is not None and self.dispenser.exhausted,
             )
-            for w in range(n)
+            for w, share in enumerate(shares)
         ]
 
     async def run(self) -> RunOutcome:
@@ -287,6 +294,10 @@ class SplitRunner:
             self._progress()
         elif kind == "gate":
             w.gate = message[2]
+        elif kind == "want":  # a closed loop's worker: more requests for its slots
+            assert self.dispenser is not None
+            items = self.dispenser.take(message[2])
+            _tell(w, ("items", items, self.dispenser.exhausted))
         elif kind == "done":
             w.done = message[2:]
             _, stopped_early, probe, probe_error = w.done

@@ -27,6 +27,7 @@ from loadgen.backends import Backend
 from loadgen.records import RequestRecord
 from loadgen.runner import LoadPlan, LoadRunner, ProbeFailed, run_event_loop
 from loadgen.sessions import Session
+from loadgen.worker_feed import FedRunner, Feed
 from loadgen.workload import RequestSpec
 
 FLUSH_S = 0.02  # records go to the driver in batches at most this old
@@ -35,13 +36,14 @@ PROGRESS_S = 0.1  # how often a worker tells the driver its counters (the live v
 
 @dataclass(slots=True)
 class WorkerJob:
-    """What one worker sends: its items of the schedule with their arrival indices, its
-    warm-up requests with theirs, and (worker 0 only) the test request."""
+    """What one worker sends: its items of the schedule with their arrival indices (a closed
+    loop: its first requests, the rest asked for), its warm-up requests with theirs, and
+    (worker 0 only) the test request."""
 
     worker: int
     run_id: str
     backend: Backend  # not yet started: each worker opens its own connections
-    offsets: list[float]
+    offsets: list[float] | None  # None: a closed loop (loadgen/worker_feed.py)
     items: list[RequestSpec | Session]
     indices: list[int]  # each item's arrival index in the whole schedule
     warmup: list[RequestSpec]
@@ -49,6 +51,10 @@ class WorkerJob:
     probe: RequestSpec | None = None
     # multi-turn: the record index of each conversation's first turn (its turns follow)
     record_bases: list[int] | None = None
+    slots: int | None = None  # its share of --concurrency (a closed loop's width, or a cap)
+    duration_s: float | None = None  # a closed loop's limits, over the whole run
+    num_requests: int | None = None
+    exhausted: bool = False  # a closed loop: the driver has no more requests to give
 
 
 class LazyTokenizer:
@@ -144,24 +150,45 @@ async def _work(job: WorkerJob, commands: Connection, out: Outbox) -> None:
         out.put(("gate", job.worker, phase))
         return await waiting[phase]
 
-    plan = LoadPlan(
-        iter(job.items),
-        job.offsets,
-        warmup=job.warmup,
-        probe=job.probe,
-        total_requests=_requests_in(job.items),
-    )
+    feed = None
+    if job.offsets is None:  # a closed loop: its requests come from the driver as it asks
+        feed = Feed(job, lambda count: out.put(("want", job.worker, count)))
+        plan = LoadPlan(
+            iter(()),
+            None,
+            job.slots,
+            job.num_requests,
+            job.duration_s,
+            warmup=job.warmup,
+            probe=job.probe,
+        )
+        indices, bases = feed.indices, feed.bases
+    else:
+        plan = LoadPlan(
+            iter(job.items),
+            job.offsets,
+            job.slots,
+            warmup=job.warmup,
+            probe=job.probe,
+            total_requests=_requests_in(job.items),
+        )
+        indices, bases = job.indices, job.record_bases
     # A run id of its own while running: a record renamed to the whole run's numbering can
     # never take the name of another this runner has not finished yet.
-    runner = LoadRunner(
-        job.backend, plan, _renumbering(job, out.record), f"{job.run_id}@{job.worker}", gate=gate
-    )
+    args = (job.backend, plan, _renumbering(job, out.record, indices, bases))
+    run_id = f"{job.run_id}@{job.worker}"
+    if feed is None:
+        runner = LoadRunner(*args, run_id, gate=gate)
+    else:
+        runner = FedRunner(feed, *args, run_id, gate=gate)
 
     def command(message: tuple) -> None:
         if message[0] == "stop":
             runner.stop()
         elif message[0] == "go" and not waiting[message[1]].done():
             waiting[message[1]].set_result(message[2])
+        elif message[0] == "items" and feed is not None:
+            feed.give(message[1], message[2])
 
     threading.Thread(target=_read_commands, args=(commands, loop, command), daemon=True).start()
     reporter = asyncio.create_task(_report_progress(runner, out))
@@ -183,17 +210,18 @@ async def _work(job: WorkerJob, commands: Connection, out: Outbox) -> None:
     out.put(("done", job.worker, elapsed, stopped_early, probe, probe_error))
 
 
-def _renumbering(job: WorkerJob, send: Any) -> Any:
-    """The worker's records renamed to the whole schedule's numbering, then sent."""
+def _renumbering(job: WorkerJob, send: Any, indices: list[int], bases: list[int] | None) -> Any:
+    """The worker's records renamed to the whole run's numbering, then sent: `indices` (and,
+    multi-turn, `bases`) give each of its items' global number by its own."""
 
     def renumber(rec: RequestRecord) -> None:
         if rec.warmup:
             rec.index = job.warmup_indices[rec.index]
-        elif rec.session is not None and job.record_bases is not None:
-            rec.index = job.record_bases[rec.session] + (rec.turn or 0)
-            rec.session = job.indices[rec.session]
+        elif rec.session is not None and bases is not None:
+            rec.index = bases[rec.session] + (rec.turn or 0)
+            rec.session = indices[rec.session]
         else:
-            rec.index = job.indices[rec.index]
+            rec.index = indices[rec.index]
         rec.request_id = f"{job.run_id}-{'w' if rec.warmup else ''}{rec.index}"
         rec.worker = job.worker
         send(rec)

@@ -67,3 +67,27 @@ def test_ray_workers_write_the_merged_records_with_their_clock_offsets(
     assert "worker 1 on " in printed and " ms +- " in printed  # the offset's uncertainty
     page = (tmp_path / "run" / "report.html").read_text()
     assert "worker 1 on " in page and " ms +- " in page
+
+
+def test_ray_workers_share_a_closed_loops_slots_and_requests(
+    local_ray: None, tmp_path: Path, mock_server: Callable[..., str]
+) -> None:
+    """The driver hands a closed loop's requests to the actors as they ask (over Ray)."""
+    import urllib.request
+
+    url = mock_server("--ttft", "0.01", "--itl", "0.002")
+    buf = io.StringIO()
+    flags = {"model": "mock", "tokenizer": "smollm2-135m", "concurrency": 3, "num_requests": 24}
+    flags |= {"warmup": 0, "input_len": "8", "output_len": "4", "seed": 5, "rate": None}
+    flags |= {"max_p99_lag_ms": 1000.0, "base_url": url, "out": str(tmp_path / "run")}
+    flags |= {"workers": "2", "ray_address": "local"}
+    rc = execute("default", flags, False, Console(file=buf, width=200))
+    assert rc == 0, buf.getvalue()
+    lines = (tmp_path / "run" / "requests.jsonl").read_text().splitlines()
+    recs = sorted((json.loads(x) for x in lines), key=lambda r: r["index"])
+    assert [r["index"] for r in recs] == list(range(24))
+    assert {r["worker"] for r in recs} == {0, 1} and all(r["status"] == "ok" for r in recs)
+    with urllib.request.urlopen(f"{url.removesuffix('/v1')}/health", timeout=5) as r:
+        assert json.loads(r.read())["running_peak"] <= 3
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["worker_slots"] == [2, 1] and summary["completed"] == 24

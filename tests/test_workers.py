@@ -208,12 +208,10 @@ def test_the_late_worker_is_named_in_the_printed_table_and_the_report(tmp_path: 
 @pytest.mark.parametrize(
     ("flags", "said"),
     [
-        ({"workers": "auto", "concurrency": 4}, "--workers auto: --concurrency"),
+        ({"workers": "auto", "rate": None, "concurrency": 4}, "auto sizes the workers"),
         ({"workers": "0"}, "expected a whole number >= 1"),
         ({"workers": "2", "in_process": True}, "cannot be split across processes"),
         ({"workers": "2", "engine_kind": "sim"}, "cannot be split across processes"),
-        ({"workers": "2", "rate": None, "concurrency": 4}, "a closed loop is one pool"),
-        ({"workers": "2", "concurrency": 4}, "--concurrency (a cap on all in flight)"),
     ],
 )
 def test_what_cannot_be_split_is_refused(tmp_path: Path, flags: dict, said: str) -> None:
