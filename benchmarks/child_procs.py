@@ -70,7 +70,14 @@ def group_child(cmd: Sequence[str], **kwargs: Any) -> Iterator[subprocess.Popen]
     from bench_cli.local_server import die_with_parent
 
     dies = functools.partial(die_with_parent, os.getpid())
-    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=dies, **kwargs)
+    then = kwargs.pop("preexec_fn", None)  # the caller's own set-up (e.g. a CPU pin) runs after
+
+    def preexec() -> None:
+        dies()
+        if then is not None:
+            then()
+
+    proc = subprocess.Popen(cmd, start_new_session=True, preexec_fn=preexec, **kwargs)
     try:
         with signals_exit():
             yield proc

@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from child_procs import group_child
 
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import OpenAIBackend
@@ -37,18 +41,22 @@ from loadgen.workload import RequestSpec
 MAX_RATE_ERROR, MAX_P99_LAG_S = 0.01, 0.005
 
 
-def start_server(port: int, core: int | None) -> subprocess.Popen:
+@contextlib.contextmanager
+def mock_server(port: int, core: int | None) -> Iterator[subprocess.Popen]:
+    """The instant server, pinned to its core, stopped however the benchmark ends."""
     cmd = [sys.executable, "-m", "loadgen.mock_server", "--port", str(port)]
     cmd += ["--ttft", "0", "--itl", "0"]
     pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
-    proc = subprocess.Popen(cmd, preexec_fn=pin, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("mock server did not start")
+    with group_child(cmd, preexec_fn=pin, stderr=subprocess.DEVNULL) as proc:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("mock server did not start")
+        yield proc
 
 
 async def _with_dashboard(runner: LoadRunner | SplitRunner, rate: float) -> Any:
@@ -128,16 +136,17 @@ def main() -> None:
     client_cores = [c for c in cores if c != server_core]
     if a.workers == 1:
         client_cores = client_cores[:1]
-    server = start_server(a.port, server_core)
-    os.sched_setaffinity(0, set(client_cores))  # the workers inherit it
-    url = f"http://127.0.0.1:{a.port}/v1"
-    print(
-        f"client ({a.workers} worker process{'es' if a.workers > 1 else ''}) on cores "
-        f"{client_cores}, server on core {server_core}, {a.chunks} chunks/request"
-    )
-    print(f"{'target':>8} {'scheduled':>10} {'achieved':>9} {'p99 lag ms':>11} {'failed':>7}  ok")
-    results = []
-    try:
+    with mock_server(a.port, server_core):
+        os.sched_setaffinity(0, set(client_cores))  # the workers inherit it
+        url = f"http://127.0.0.1:{a.port}/v1"
+        print(
+            f"client ({a.workers} worker process{'es' if a.workers > 1 else ''}) on cores "
+            f"{client_cores}, server on core {server_core}, {a.chunks} chunks/request"
+        )
+        print(
+            f"{'target':>8} {'scheduled':>10} {'achieved':>9} {'p99 lag ms':>11} {'failed':>7}  ok"
+        )
+        results = []
         with tempfile.TemporaryDirectory() as tmp:
 
             def trial(rate: float) -> dict:
@@ -156,9 +165,6 @@ def main() -> None:
             for _ in range(4):  # bisect between the last pass and the first miss
                 mid = (lo + hi) / 2
                 lo, hi = (mid, hi) if trial(mid)["ok"] else (lo, mid)
-    finally:
-        server.terminate()
-        server.wait()
     best = max((r for r in results if r["ok"]), key=lambda r: r["rate"], default=None)
     if best is None:
         print(f"capacity: below {a.start:g} req/s")

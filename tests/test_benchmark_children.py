@@ -87,7 +87,6 @@ LEAF_CHILDREN = {
     ("vllm_side_by_side.py", "run"),  # pip installs of --setup-vllm-env
     ("noisy_neighbour.py", "Popen"),  # its own group and stop_group, like child_procs
     ("noisy_neighbour.py", "run"),  # `python -c "import vllm"`
-    ("loadgen_capacity.py", "Popen"),  # the mock server: one process, no children
     ("llamacpp_side_by_side.py", "run"),  # pip, cmake and llama.cpp's own tools
 }
 
