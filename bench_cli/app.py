@@ -490,7 +490,7 @@ def sweep(
     """Run one load list against a grid of engine settings, a fresh server per point; writes
     sweep.csv and prints which setting is best at each load. `--rates auto:N` finds the loads
     itself (`bench sweep --base-url URL --rates auto:10`: the default profile's requests)."""
-    from bench_cli.sweep import run_sweep
+    from bench_cli.sweep.runner import run_sweep
 
     if repeat < 1:
         console.print("[bold red]error:[/] --repeat must be >= 1")
@@ -500,7 +500,7 @@ def sweep(
         raise typer.Exit(2)
     serve = None
     if serve_cmd is not None:
-        from bench_cli.serve_cmd import ServeCommand
+        from bench_cli.sweep.serve_cmd import ServeCommand
 
         serve = ServeCommand(serve_cmd, base_url, ready_url, ready_timeout, after_point_cmd)
     elif ready_url is not None or after_point_cmd is not None:

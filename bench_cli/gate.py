@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_cli.sweep_grid import grid
+from bench_cli.sweep.grid import grid
 from loadgen import metric_registry
 from loadgen.arrivals import arrival_keys
 from loadgen.config import RunConfig

@@ -17,11 +17,11 @@ import plotly.graph_objects as go
 from plotly.colors import qualitative
 from plotly.subplots import make_subplots
 
-from bench_cli.pareto import frontier_html, frontier_rows, pareto_figure
 from bench_cli.signals import signal
-from bench_cli.sweep_grid import grid
-from bench_cli.sweep_table import INVALID_TEXT, invalid
-from bench_cli.sweep_verdict import slo_of, verdict_html
+from bench_cli.sweep.grid import grid
+from bench_cli.sweep.pareto import frontier_html, frontier_rows, pareto_figure
+from bench_cli.sweep.table import INVALID_TEXT, invalid
+from bench_cli.sweep.verdict import slo_of, verdict_html
 from bench_cli.tables import sim_title
 from bench_cli.worker_view import worker_table_html
 from loadgen.metric_registry import distributions

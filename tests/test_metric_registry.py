@@ -13,8 +13,8 @@ import pytest
 
 from bench_cli.export import write_summary
 from bench_cli.gate import Limit, compare, direction, load_results
-from bench_cli.sweep_grid import SweepPoint
-from bench_cli.sweep_row import aggregate
+from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.row import aggregate
 from loadgen import metric_registry
 from loadgen.arrivals import Arrivals
 from loadgen.metric_registry import NOT_METRICS, Metric

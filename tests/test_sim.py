@@ -561,7 +561,7 @@ def test_the_times_formatted_while_stamping_are_the_records_own(
 def test_every_profile_runs_simulated(tmp_path: Path, name: str) -> None:
     """Each shipped profile (a sweep's last point), a few requests, on a simulated H100
     (speculative decoding with an acceptance rate given)."""
-    from bench_cli.sweep_grid import grid, load_sweep
+    from bench_cli.sweep.grid import grid, load_sweep
 
     flags: dict[str, Any] = {"engine_kind": "sim", "sim_device": "h100", "warmup": 0}
     flags |= {"num_requests": 4, "out": str(tmp_path / "run"), "sim_acceptance": 0.6}

@@ -17,8 +17,8 @@ import pytest
 from rich.console import Console
 
 from bench_cli.run_command import execute
-from bench_cli.sweep import run_sweep
-from bench_cli.sweep_row import metrics_of
+from bench_cli.sweep.row import metrics_of
+from bench_cli.sweep.runner import run_sweep
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import ks_pvalue, ks_statistic
 from loadgen.benchmark import build_plan

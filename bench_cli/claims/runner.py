@@ -180,7 +180,7 @@ def _run_claim(
 ) -> Finding | Failed | int:
     """The claim's finding, a failure to measure it, or the exit code of a sweep that was
     interrupted."""
-    from bench_cli.sweep import run_sweep
+    from bench_cli.sweep.runner import run_sweep
 
     if claim.missing:
         return unmeasurable(claim.missing)

@@ -9,8 +9,8 @@ import dataclasses
 from typing import Any
 
 from bench_cli.export import RUN_FILES, summary_row
-from bench_cli.sweep_grid import SweepPoint
-from bench_cli.sweep_row import aggregate
+from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.row import aggregate
 from engine.engine import LLMEngine
 from engine.model.cost import StepCost, StepShape
 from loadgen import metric_registry

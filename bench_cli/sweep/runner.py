@@ -16,7 +16,7 @@ chunk sizes next to no chunking at all:
 Each point (and each of its `--repeat` runs) writes an ordinary run folder; `sweep.csv` holds
 one row a point, rewritten after every point, so an interrupted sweep keeps what finished
 and `--resume DIR` skips it. `--rates` gives the load axis on the command line, as a list or
-found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep_rates)."""
+found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep.rates)."""
 
 from __future__ import annotations
 
@@ -34,10 +34,9 @@ from rich.markup import escape
 from bench_cli.export import run_dir, write_json
 from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config
-from bench_cli.serve_cmd import ServeCommand
-from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
-from bench_cli.sweep_point import Sweep, point_flags
-from bench_cli.sweep_rates import (
+from bench_cli.sweep.grid import LOAD_AXES, SweepPoint, grid, load_sweep
+from bench_cli.sweep.point import Sweep, point_flags
+from bench_cli.sweep.rates import (
     RateSpec,
     anchor_points,
     anchors_record,
@@ -45,9 +44,10 @@ from bench_cli.sweep_rates import (
     auto_axes,
     check_load_flags,
 )
-from bench_cli.sweep_table import invalid, print_comparison
-from bench_cli.sweep_verdict import print_verdict
-from bench_cli.sweep_verdict import slo_target_of as target_of
+from bench_cli.sweep.serve_cmd import ServeCommand
+from bench_cli.sweep.table import invalid, print_comparison
+from bench_cli.sweep.verdict import print_verdict
+from bench_cli.sweep.verdict import slo_target_of as target_of
 from loadgen.config import setting_names
 from loadgen.redact import redact_settings
 
@@ -91,7 +91,7 @@ def _run_sweep(
 ) -> int:
     import pandas as pd
 
-    from bench_cli.sweep_search import SearchSpec
+    from bench_cli.sweep.search import SearchSpec
     from engine.model.sources import ModelLoadError
 
     try:
@@ -158,7 +158,7 @@ def _run_sweep(
     axes = plan["axes"]
     rows: list[dict[str, Any]] = []
     if found_by is not None:
-        from bench_cli.sweep_search import run_search
+        from bench_cli.sweep.search import run_search
 
         save = functools.partial(_write_csv, sweep_dir, rows, pd)
         code = run_search(
