@@ -403,7 +403,7 @@ def run(
     flags |= engine | arrival_params
     flags["headers"] = header or None
     flags["classes"] = traffic_class or None
-    from bench_cli.run_command import execute
+    from bench_cli.run.execute import execute
 
     code = execute(profile, flags, dashboard=not no_dashboard, console=console, explain=explain)
     raise typer.Exit(code)

@@ -578,7 +578,7 @@ def describe_run(summary: dict[str, Any], name: str) -> str:
     the config the run wrote."""
     cfg = summary.get("config", {})
     run, target, engine = cfg.get("run", {}), cfg.get("target", {}), cfg.get("engine") or {}
-    # bench run writes the load in words (run_command._load_text); older folders: the rate
+    # bench run writes the load in words (run/execute.py: _load_text); older folders: the rate
     rate = f"{float(run['rate']):g} req/s" if run.get("rate") is not None else "arrivals"
     load = cfg.get("load") or f"{run.get('arrival', '?')} {rate}"
     classes = run.get("classes") or []

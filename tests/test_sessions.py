@@ -139,7 +139,7 @@ def test_a_multi_turn_run_against_a_server(
 
     from rich.console import Console
 
-    from bench_cli.run_command import execute
+    from bench_cli.run.execute import execute
 
     url = mock_server("--ttft", "0.002", "--itl", "0.001")
     flags = {
@@ -177,7 +177,7 @@ def test_a_multi_turn_run_against_bench_serve(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from bench_cli.run_command import execute
+    from bench_cli.run.execute import execute
 
     flags = {
         "model": "tiny-smollm2",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import builtin_chain_hashes, chain_hashes
 from engine.core.request import SamplingParams

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from bench_cli.gate import Results, load_differences, load_keys
-from bench_cli.run_command import _load_text
+from bench_cli.run.execute import _load_text
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import ArrivalProcess, param, register, unregister
 from loadgen.benchmark import build_plan

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from bench_cli.sweep.row import metrics_of
 from bench_cli.sweep.runner import run_sweep
 from engine.model.loader import load_tokenizer

@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from bench_cli.outcome import notices
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from loadgen.metrics import summarize
 from loadgen.per_worker import judge_workers
 from loadgen.records import RequestRecord

@@ -16,11 +16,11 @@ from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
 from bench_cli.local_server import ServerProcess, ServerStartError
-from bench_cli.run_command import exit_code, resolve_config, run_one
+from bench_cli.run.execute import exit_code, resolve_config, run_one
+from bench_cli.run.vllm_json import check_vllm_json_path
 from bench_cli.sweep.grid import SweepPoint
 from bench_cli.sweep.row import aggregate
 from bench_cli.sweep.serve_cmd import ServeCommand
-from bench_cli.vllm_json import check_vllm_json_path
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
-from bench_cli.interrupts import Interrupted, raising_on_signals
-from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config
+from bench_cli.run.execute import INVALID_EXIT, exit_code, resolve_config
+from bench_cli.run.interrupts import Interrupted, raising_on_signals
 from bench_cli.sweep.grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep.point import Sweep, point_flags
 from bench_cli.sweep.rates import (
