@@ -761,11 +761,11 @@ def report(
     """Rebuild report.html (plotly) from a run's or a sweep's files on disk."""
     from pathlib import Path
 
-    from bench_cli.report import build_report
+    from bench_cli.report.cli import build_report
 
     try:
         if pareto:
-            from bench_cli.report import pareto_report
+            from bench_cli.report.sweep import pareto_report
 
             if not (Path(folder) / "sweep.csv").is_file():
                 raise ValueError(f"{folder}: --pareto takes a sweep folder (sweep.csv)")

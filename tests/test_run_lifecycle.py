@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench_cli.report import build_report
+from bench_cli.report.cli import build_report
 from tests.test_bench_run import bench_run
 
 

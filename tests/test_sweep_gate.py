@@ -515,7 +515,7 @@ def test_every_shipped_profile_builds_valid_runs_and_engine_settings(name: str) 
 
 
 def test_a_bundle_axis_spreads_its_settings_and_is_named_by_its_label(tmp_path: Path) -> None:
-    from bench_cli.report import sweep_report
+    from bench_cli.report.sweep import sweep_report
     from bench_cli.sweep.point import point_flags
 
     axes = {

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
-from bench_cli.report import sweep_report
+from bench_cli.report.sweep import sweep_report
 from bench_cli.sweep.grid import grid
 from bench_cli.sweep.row import aggregate
 from bench_cli.sweep.table import knee, print_comparison

@@ -209,7 +209,7 @@ def _run_one(
         if server is not None:
             server.stop()
     if report:
-        from bench_cli.report import run_report
+        from bench_cli.report.run import run_report
 
         run_report(out_dir, records=outcome.records)
     return summary

@@ -176,7 +176,7 @@ def _run_sweep(
     load_axes = [a for a in axes if a in LOAD_AXES]
     print_comparison(console, rows, list(axes), load_axes, target_of(plan))
     print_verdict(console, rows, list(axes), plan)
-    from bench_cli.report import sweep_report
+    from bench_cli.report.sweep import sweep_report
 
     if found_by is not None:  # the rates tested, for the report's load axis
         write_json(sweep_dir / "sweep.json", plan | {"report_axes": axes})
