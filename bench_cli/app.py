@@ -677,16 +677,9 @@ def gate(
 ) -> None:
     """Judge a run or sweep: against a baseline (--max-regression) and/or by ratios inside
     it (--ratio). Exit 1 if anything fails, 2 on unusable input."""
-    from bench_cli.gate import (
-        GateInputError,
-        Limit,
-        Ratio,
-        compare,
-        invalid_labels,
-        load_differences,
-        load_results,
-        noise_note,
-    )
+    from bench_cli.gate.checks import Limit, compare, invalid_labels, noise_note
+    from bench_cli.gate.ratio import Ratio
+    from bench_cli.gate.results import GateInputError, load_differences, load_results
 
     try:
         if not max_regression and not ratio:

@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from bench_cli.app import app
-from bench_cli.gate import Limit, check
+from bench_cli.gate.checks import Limit, check
 from bench_cli.sweep.grid import grid, load_sweep
 from bench_cli.sweep.row import aggregate, slo_attainment, t975
 from bench_cli.sweep.runner import run_sweep

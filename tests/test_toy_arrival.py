@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench_cli.gate import Results, load_differences, load_keys
+from bench_cli.gate.results import Results, load_differences, load_keys
 from bench_cli.run.execute import _load_text
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import ArrivalProcess, param, register, unregister
