@@ -47,7 +47,9 @@ def profile(
     head, sampling, scheduling, input preparation, detokenization, the engine's Python) against
     this device's measured matmul and read peaks, with the memory floor of the step; writes
     trace.json (torch profiler, opens in Perfetto) and profile.json."""
-    from bench_cli.profile.capture import ProfileError, Shape, load_report, render, run_profile
+    from bench_cli.profile.analyse import run_profile
+    from bench_cli.profile.capture import ProfileError, Shape
+    from bench_cli.profile.render import load_report, render
 
     shape = Shape(batch, context, prefill, steps, warmup)
     options = engine
