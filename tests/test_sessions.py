@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from loadgen.config import build_config
+from loadgen.profiles import build_config
 from loadgen.records import RequestRecord
 from loadgen.runner import LoadPlan, LoadRunner
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions

@@ -31,7 +31,7 @@ from engine.sim.efficiency_fit import fit_efficiency
 from engine.sim.hardware import DEVICES
 from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, step_model_for, weight_bytes
 from engine.sim.step_time import Calibrated, Efficiency, Roofline, Terms, fit
-from loadgen.config import PROFILE_DIR, load_profile
+from loadgen.profiles import PROFILE_DIR, load_profile
 from loadgen.virtual_loop import run_virtual, without_cyclic_gc
 
 

@@ -22,7 +22,8 @@ from bench_cli.sweep.row import aggregate, slo_attainment, t975
 from bench_cli.sweep.runner import run_sweep
 from bench_cli.sweep.table import knee
 from engine.config import EngineConfig, engine_arg_names
-from loadgen.config import PROFILE_DIR, RunConfig, build_config, load_profile
+from loadgen.config import RunConfig
+from loadgen.profiles import PROFILE_DIR, build_config, load_profile
 
 SWEEP = """
 name = "two"

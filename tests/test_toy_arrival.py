@@ -21,7 +21,8 @@ from bench_cli.run.execute import _load_text
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import ArrivalProcess, param, register, unregister
 from loadgen.benchmark import build_plan
-from loadgen.config import RunConfig, build_config
+from loadgen.config import RunConfig
+from loadgen.profiles import build_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -22,7 +22,7 @@ def run_calibration_load(
     """profiles/calibrate.toml's phases against the bundled engine (served, as `bench run`
     runs it), a run each: their measured steps, and the resolved engine settings."""
     from bench_cli.run.execute import resolve_config, run_one
-    from loadgen.config import load_profile
+    from loadgen.profiles import load_profile
 
     profile = load_profile("calibrate")
     phases = profile.pop("phase", None) or [{}]

@@ -20,7 +20,8 @@ from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.run.interrupts import Interrupted, raising_on_signals
 from bench_cli.tables import print_result, sim_title
 from loadgen.arrivals import arrival_process
-from loadgen.config import RunConfig, build_config, load_profile
+from loadgen.config import RunConfig
+from loadgen.profiles import build_config, load_profile
 from loadgen.redact import printable, redact_url
 
 BUNDLED_MODEL = "smollm2-135m"

@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen.config import load_profile
+from loadgen.profiles import load_profile
 
 LOAD_AXES = ("rate", "concurrency")
 

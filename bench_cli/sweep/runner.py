@@ -48,7 +48,7 @@ from bench_cli.sweep.serve_cmd import ServeCommand
 from bench_cli.sweep.table import invalid, print_comparison
 from bench_cli.sweep.verdict import print_verdict
 from bench_cli.sweep.verdict import slo_target_of as target_of
-from loadgen.config import setting_names
+from loadgen.profiles import setting_names
 from loadgen.redact import redact_settings
 
 
