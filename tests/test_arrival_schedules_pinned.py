@@ -11,7 +11,7 @@ import pytest
 
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import Arrivals, Ramp
-from loadgen.benchmark import build_plan
+from loadgen.plan import build_plan
 from loadgen.profiles import build_config
 
 LENGTHS = {"input_len": "8", "output_len": "4"}

@@ -21,9 +21,9 @@ from bench_cli.sweep.row import metrics_of
 from bench_cli.sweep.runner import run_sweep
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import ks_pvalue, ks_statistic
-from loadgen.benchmark import build_plan
 from loadgen.config import RunConfig
 from loadgen.metrics import SLO, summarize, summarize_classes
+from loadgen.plan import build_plan
 from loadgen.profiles import build_config, load_profile
 from loadgen.records import RequestRecord
 from loadgen.traffic import parse_class_flag

@@ -129,7 +129,8 @@ def _run_one(
     cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console, report: bool
 ) -> dict[str, Any]:
     from bench_cli.run.tokenizer_choice import resolve_tokenizer
-    from loadgen.benchmark import Target, build_plan, connect, measure
+    from loadgen.benchmark import Target, connect, measure
+    from loadgen.plan import build_plan
     from loadgen.server_info import ServerInfo
 
     server_info = _detected_server(cfg, console) if cfg.base_url else None
