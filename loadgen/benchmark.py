@@ -26,7 +26,7 @@ from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.plan import BuiltPlan
 from loadgen.records import RecordWriter, RequestRecord
 from loadgen.redact import redact_url
-from loadgen.runner import LoadRunner, ProbeFailed, RunOutcome, run_event_loop
+from loadgen.runner import LoadPlan, LoadRunner, ProbeFailed, RunOutcome, run_event_loop
 from loadgen.sessions import multi_turn_summary
 from loadgen.telemetry import Telemetry, spec_counts
 
@@ -167,6 +167,25 @@ def measure(
     return summary, outcome
 
 
+def _split_runner(
+    cfg: RunConfig,
+    backend: Backend,
+    plan: LoadPlan,
+    on_record: Callable[[RequestRecord], None] | None,
+) -> Any:
+    """The runner for --workers N: local processes, or Ray actors with --ray-address (chosen
+    here: ray_runner builds on split_runner, which must not import it back)."""
+    if cfg.ray_address:
+        from loadgen.ray_runner import RaySplitRunner
+
+        return RaySplitRunner(
+            backend, plan, cfg.workers, on_record, cfg.name, address=cfg.ray_address
+        )
+    from loadgen.split_runner import SplitRunner
+
+    return SplitRunner(backend, plan, cfg.workers, on_record, cfg.name)
+
+
 def _check_template_tokens(summary: dict[str, Any], taken_off: int | None) -> None:
     """--input-len-after-template: the server's count against what was taken off the prompts
     (a template of its own, not the tokenizer's, shows here)."""
@@ -231,9 +250,7 @@ async def run_benchmark(
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
     times = {"clock": clock.time} if clock is not None else {}
     if cfg.workers != 1 or cfg.ray_address:  # from worker processes (loadgen/split_runner.py)
-        from loadgen.split_runner import split_runner
-
-        runner: Any = split_runner(cfg, backend, built.plan, writer.write)
+        runner: Any = _split_runner(cfg, backend, built.plan, writer.write)
     else:
         runner = LoadRunner(backend, built.plan, writer.write, cfg.name, **times)
     loop = asyncio.get_running_loop()
