@@ -1,9 +1,11 @@
-"""`LLMEngine` (add_request / step / abort), shaped like vLLM's; the offline `LLM` is in llm.py."""
+"""`LLMEngine` (add_request / step / abort), shaped like vLLM's; the offline `LLM` is in llm.py.
+
+Over 400 lines, as one class whose set-up, request intake and step loop read best together;
+what can stand apart does: the step log (step_log.py), parallel sampling
+(parallel_sampling.py) and what 'auto' settings become (resolve.py)."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 import logging
 import time
 import weakref
@@ -28,46 +30,14 @@ from engine.model_store import kv_scales as load_kv_scales
 from engine.ops import cpu_kernels
 from engine.ops.cpu_linear import PackedLinear
 from engine.ops.fp8 import FP8, Fp8Linear
+from engine.parallel_sampling import fan_out, release_held, shares_prompt
+from engine.resolve import resolve_attention_backend, resolve_device
 from engine.spec_decode import make_proposer
 from engine.spec_decode.speculator import Speculator, speculation_stats
 from engine.startup import Phases
 from engine.step_log import StepLog
 
 logger = logging.getLogger(__name__)
-
-CHILD_SEP = "\x1f"  # parent id + this + index: a child's id (no client writes it)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """'auto' is bfloat16 on CUDA; on CPU, float32 where bf16 is not native, else the faster
-    of the two on this machine (engine/dtype_choice.py)."""
-    return dtype if dtype != "auto" else choose_dtype(device).dtype
-
-
-def resolve_attention_backend(backend: str, device: torch.device) -> str:
-    """'auto' is triton on CUDA where the package is installed, torch elsewhere (on CPU
-    Triton's kernels only run in its interpreter)."""
-    has_triton = importlib.util.find_spec("triton") is not None
-    if backend == "triton" and not has_triton:
-        raise ValueError("attention_backend='triton' needs the triton package (pip install triton)")
-    if backend == "auto":
-        return "triton" if device.type == "cuda" and has_triton else "torch"
-    if backend == "triton" and device.type != "cuda":
-        import triton
-
-        if not triton.knobs.runtime.interpret:
-            raise ValueError(
-                "attention_backend='triton' without CUDA needs Triton's interpreter: set "
-                "TRITON_INTERPRET=1 before anything imports triton"
-            )
-        logger.warning("attention_backend='triton' without CUDA runs Triton's interpreter: slow")
-    return backend
 
 
 class LLMEngine:
@@ -269,7 +239,7 @@ class LLMEngine:
         """Queue a request built by `make_request`; with n > 1, as n children."""
         if self._in_use(req.request_id):
             raise ValueError(f"request id {req.request_id!r} is already in use")
-        children = self._fan_out(req)
+        children = fan_out(req, self.eos_token_ids)
         for child in children:
             self.requests[child.request_id] = child
             if self.tokenizer is not None:
@@ -279,61 +249,12 @@ class LLMEngine:
             self.scheduler.add(req)
             return
         self._children[req.parent_id] = children
-        # Hold the siblings back until the first child's prompt blocks are cached: they then
-        # start from them and compute only the prompt's partial last block (copy by
-        # recompute). Without the cache (or in static batches) all start at once.
-        bs = self.config.cache.block_size
-        share = (
-            self.config.cache.enable_prefix_caching
-            and self.config.scheduler.batching == "continuous"
-            and (req.num_prompt_tokens - 1) // bs > 0
-        )
         self.scheduler.add(children[0])
-        if share:
+        if shares_prompt(self.config, req):  # the siblings wait for its prompt's blocks
             self._held[req.parent_id] = children[1:]
         else:
             for child in children[1:]:
                 self.scheduler.add(child)
-
-    def _fan_out(self, req: Request) -> list[Request]:
-        """A request of n > 1 becomes n children with their own ids and indices; a seed
-        gives child i the seed + i (each its own stream of random numbers, as vLLM does),
-        wrapped to 64 bits: torch seeds a generator with the value mod 2**64 anyway, and
-        2**64 - 1 + 1 would overflow it."""
-        n = req.params.n
-        if n == 1:
-            return [req]
-        children = []
-        for i in range(n):
-            params = dataclasses.replace(req.params, n=1)
-            if params.seed is not None:
-                params.seed = (req.params.seed + i) % 2**64
-            child = Request(
-                f"{req.request_id}{CHILD_SEP}{i}",
-                req.prompt_token_ids,
-                params,
-                req.prompt,
-                req.metrics.arrival_time,
-                self.eos_token_ids,
-                req.priority,
-            )
-            child.parent_id, child.index = req.request_id, i
-            children.append(child)
-        return children
-
-    def _release_held(self) -> None:
-        """Siblings whose first child has computed the shared prompt blocks (or ended) join
-        the queue ahead of later arrivals: they arrived with it."""
-        bs = self.config.cache.block_size
-        for parent, held in list(self._held.items()):
-            first = self._children[parent][0]
-            if first.is_finished or first.num_computed_tokens >= (
-                (first.num_prompt_tokens - 1) // bs * bs
-            ):
-                for child in reversed(held):
-                    if not child.is_finished:
-                        self.scheduler.add(child, front=True)
-                del self._held[parent]
 
     def _group(self, req: Request) -> list[Request]:
         return self._children.get(req.parent_id, [req])
@@ -424,7 +345,7 @@ class LLMEngine:
             outputs.append(self._emit(req, tokens, now))
             num_new += len(outputs[-1].new_token_ids)
         if self._held:
-            self._release_held()
+            release_held(self._held, self._children, self.scheduler, self.config.cache.block_size)
         self._counters["steps"] += 1
         self._counters["generation_tokens"] += num_new
         self._last_step = {

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from engine import LLM, SamplingParams
-from engine.engine import resolve_attention_backend
+from engine.resolve import resolve_attention_backend
 
 pytest.importorskip("triton")
 

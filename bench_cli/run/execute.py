@@ -310,7 +310,7 @@ def _device_peak(engine: dict[str, Any], console: Console) -> dict[str, Any] | N
     import torch
 
     from bench_cli.device_peak import device_peak
-    from engine.engine import resolve_dtype
+    from engine.resolve import resolve_dtype
 
     device = engine.get("device") or "auto"
     if device == "auto":

@@ -17,8 +17,9 @@ from engine.config import EngineConfig, ModelConfig
 from engine.core.kv_cache_manager import builtin_chain_hashes
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import SchedulerOutput
-from engine.engine import LLMEngine, resolve_dtype
+from engine.engine import LLMEngine
 from engine.model.cost import StepShape, matmul_params
+from engine.resolve import resolve_dtype
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.lazy_decodes import LazyDecodes
