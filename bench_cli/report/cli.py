@@ -9,15 +9,18 @@ import typer
 from rich.markup import escape
 
 from bench_cli.console import console
-from bench_cli.report.run import run_report
-from bench_cli.report.sweep import sweep_report
 
 
 def build_report(path: Path, embed: bool = True) -> Path:
-    """A run folder or a sweep folder, told apart by what is in it."""
+    """A run folder or a sweep folder, told apart by what is in it. (The drawing modules are
+    imported here: plotly and pandas are not for every command's start-up.)"""
     if (path / "sweep.csv").is_file():
+        from bench_cli.report.sweep import sweep_report
+
         return sweep_report(path, embed)
     if (path / "summary.json").is_file():
+        from bench_cli.report.run import run_report
+
         return run_report(path, embed)
     raise ValueError(f"{path}: neither a run folder (summary.json) nor a sweep (sweep.csv)")
 
