@@ -10,6 +10,8 @@ the direction is checked for every import, type-only ones included."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -184,6 +186,21 @@ def test_no_import_circle_with_the_lazy_imports_too(graph: Edges) -> None:
 
 def test_imports_flow_from_cli_to_load_generator_to_engine(graph: Edges) -> None:
     assert wrong_way(graph) == []
+
+
+def test_the_command_line_starts_without_its_commands_heavy_imports() -> None:
+    """`bench_cli.app` lists every command, so each package's cli.py imports its work inside
+    the command: loading the app (every `bench` start) pulls in no torch, plotly or pandas."""
+    code = (
+        "import sys, bench_cli.app\n"
+        "heavy = ('torch', 'plotly', 'pandas', 'engine.engine')\n"
+        "print(sorted(m for m in heavy if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
 
 
 def test_the_checks_catch_a_circle_and_a_wrong_way_import(tmp_path: Path) -> None:
