@@ -88,7 +88,7 @@ def _machine_key(device: torch.device, dtype: torch.dtype) -> str:
 def local_sim_peak(dtype: str | None = "auto") -> dict[str, Any]:
     """This machine's peaks in the dtype a simulated local engine computes in: "auto" as the
     engine resolves it (bfloat16 where the CPU has it natively, else float32)."""
-    from engine.engine import resolve_dtype
+    from engine.resolve import resolve_dtype
 
     name = resolve_dtype(dtype or "auto", torch.device("cpu"))
     return device_peak("cpu", torch.bfloat16 if name == "bfloat16" else torch.float32)

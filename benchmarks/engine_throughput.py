@@ -26,7 +26,7 @@ import engine  # noqa: F401 (first: it tunes glibc's allocator before torch allo
 # isort: on
 import torch
 
-from engine.engine import resolve_device, resolve_dtype
+from engine.resolve import resolve_device, resolve_dtype
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

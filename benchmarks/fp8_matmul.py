@@ -17,8 +17,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from engine.engine import resolve_device, resolve_dtype
 from engine.ops.fp8 import fp8_linear, quantize_per_channel
+from engine.resolve import resolve_device, resolve_dtype
 
 # (name, out_features, in_features) of one decoder layer's linears, q/k/v and gate/up fused.
 SHAPES = {

@@ -31,7 +31,7 @@ import aiohttp
 import torch
 
 from bench_cli.local_server import free_port
-from engine.engine import resolve_device, resolve_dtype
+from engine.resolve import resolve_device, resolve_dtype
 
 
 def offline_runner(args: argparse.Namespace, prompts: list[list[int]]) -> Callable[[], float]:

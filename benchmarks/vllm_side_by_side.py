@@ -185,9 +185,9 @@ def compare(args: argparse.Namespace) -> None:
     import torch
     from engine_throughput import make_workload, run_ours
 
-    from engine.engine import resolve_device, resolve_dtype
     from engine.model.export import export_hf_dir
     from engine.model.loader import load_model
+    from engine.resolve import resolve_device, resolve_dtype
 
     args.dtype = resolve_dtype(args.dtype, resolve_device("auto"))
     args.mixed_output = False

@@ -1,16 +1,17 @@
-"""`LLMEngine` (add_request / step / abort), shaped like vLLM's; the offline `LLM` is in llm.py."""
+"""`LLMEngine` (add_request / step / abort), shaped like vLLM's; the offline `LLM` is in llm.py.
+
+Over 400 lines, as one class whose set-up, request intake and step loop read best together;
+what can stand apart does: the step log (step_log.py), parallel sampling
+(parallel_sampling.py) and what 'auto' settings become (resolve.py)."""
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
-import json
 import logging
 import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
@@ -23,52 +24,20 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.distributed.workers import TPWorkers, check_tensor_parallel
 from engine.dtype_choice import DtypeChoice, choose_dtype
 from engine.dtype_choice import cpu_has_native_bf16 as cpu_has_native_bf16  # re-exported
-from engine.model.cost import StepShape, chunk_totals, step_cost_of_totals
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
 from engine.model_store import kv_scales as load_kv_scales
 from engine.ops import cpu_kernels
 from engine.ops.cpu_linear import PackedLinear
 from engine.ops.fp8 import FP8, Fp8Linear
+from engine.parallel_sampling import fan_out, release_held, shares_prompt
+from engine.resolve import resolve_attention_backend, resolve_device
 from engine.spec_decode import make_proposer
 from engine.spec_decode.speculator import Speculator, speculation_stats
 from engine.startup import Phases
+from engine.step_log import StepLog
 
 logger = logging.getLogger(__name__)
-
-CHILD_SEP = "\x1f"  # parent id + this + index: a child's id (no client writes it)
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> str:
-    """'auto' is bfloat16 on CUDA; on CPU, float32 where bf16 is not native, else the faster
-    of the two on this machine (engine/dtype_choice.py)."""
-    return dtype if dtype != "auto" else choose_dtype(device).dtype
-
-
-def resolve_attention_backend(backend: str, device: torch.device) -> str:
-    """'auto' is triton on CUDA where the package is installed, torch elsewhere (on CPU
-    Triton's kernels only run in its interpreter)."""
-    has_triton = importlib.util.find_spec("triton") is not None
-    if backend == "triton" and not has_triton:
-        raise ValueError("attention_backend='triton' needs the triton package (pip install triton)")
-    if backend == "auto":
-        return "triton" if device.type == "cuda" and has_triton else "torch"
-    if backend == "triton" and device.type != "cuda":
-        import triton
-
-        if not triton.knobs.runtime.interpret:
-            raise ValueError(
-                "attention_backend='triton' without CUDA needs Triton's interpreter: set "
-                "TRITON_INTERPRET=1 before anything imports triton"
-            )
-        logger.warning("attention_backend='triton' without CUDA runs Triton's interpreter: slow")
-    return backend
 
 
 class LLMEngine:
@@ -170,7 +139,7 @@ class LLMEngine:
             "generation_tokens": 0,
         }
         self._last_step = {"num_tokens": 0, "num_seqs": 0, "time_s": 0.0}
-        self._step_log: TextIO | None = None
+        self._step_log: StepLog | None = None
         # Called with each request's queue delay (first scheduled - arrival, s) as it is first
         # scheduled, in the stepping thread: the server's queue-time histogram.
         self.on_queue_time: Callable[[float], None] | None = None
@@ -270,7 +239,7 @@ class LLMEngine:
         """Queue a request built by `make_request`; with n > 1, as n children."""
         if self._in_use(req.request_id):
             raise ValueError(f"request id {req.request_id!r} is already in use")
-        children = self._fan_out(req)
+        children = fan_out(req, self.eos_token_ids)
         for child in children:
             self.requests[child.request_id] = child
             if self.tokenizer is not None:
@@ -280,61 +249,12 @@ class LLMEngine:
             self.scheduler.add(req)
             return
         self._children[req.parent_id] = children
-        # Hold the siblings back until the first child's prompt blocks are cached: they then
-        # start from them and compute only the prompt's partial last block (copy by
-        # recompute). Without the cache (or in static batches) all start at once.
-        bs = self.config.cache.block_size
-        share = (
-            self.config.cache.enable_prefix_caching
-            and self.config.scheduler.batching == "continuous"
-            and (req.num_prompt_tokens - 1) // bs > 0
-        )
         self.scheduler.add(children[0])
-        if share:
+        if shares_prompt(self.config, req):  # the siblings wait for its prompt's blocks
             self._held[req.parent_id] = children[1:]
         else:
             for child in children[1:]:
                 self.scheduler.add(child)
-
-    def _fan_out(self, req: Request) -> list[Request]:
-        """A request of n > 1 becomes n children with their own ids and indices; a seed
-        gives child i the seed + i (each its own stream of random numbers, as vLLM does),
-        wrapped to 64 bits: torch seeds a generator with the value mod 2**64 anyway, and
-        2**64 - 1 + 1 would overflow it."""
-        n = req.params.n
-        if n == 1:
-            return [req]
-        children = []
-        for i in range(n):
-            params = dataclasses.replace(req.params, n=1)
-            if params.seed is not None:
-                params.seed = (req.params.seed + i) % 2**64
-            child = Request(
-                f"{req.request_id}{CHILD_SEP}{i}",
-                req.prompt_token_ids,
-                params,
-                req.prompt,
-                req.metrics.arrival_time,
-                self.eos_token_ids,
-                req.priority,
-            )
-            child.parent_id, child.index = req.request_id, i
-            children.append(child)
-        return children
-
-    def _release_held(self) -> None:
-        """Siblings whose first child has computed the shared prompt blocks (or ended) join
-        the queue ahead of later arrivals: they arrived with it."""
-        bs = self.config.cache.block_size
-        for parent, held in list(self._held.items()):
-            first = self._children[parent][0]
-            if first.is_finished or first.num_computed_tokens >= (
-                (first.num_prompt_tokens - 1) // bs * bs
-            ):
-                for child in reversed(held):
-                    if not child.is_finished:
-                        self.scheduler.add(child, front=True)
-                del self._held[parent]
 
     def _group(self, req: Request) -> list[Request]:
         return self._children.get(req.parent_id, [req])
@@ -391,7 +311,7 @@ class LLMEngine:
         queueing delays of the requests it started. A few microseconds a step."""
         if self._step_log is not None:
             self._step_log.close()
-        self._step_log = None if path is None else open(path, "a", buffering=1)  # noqa: SIM115
+        self._step_log = None if path is None else StepLog(path, self.config, self.model_config)
 
     def step(self) -> list[RequestOutput]:
         spec = self.speculator
@@ -410,9 +330,8 @@ class LLMEngine:
         tp = self.runner.tp
         reduce_s0 = tp.allreduce_s if tp is not None else 0.0
         t0 = self._step_started()
-        if self._step_log is not None:  # before advance(): what each request is doing now
-            chunks = [(r.num_computed_tokens, n) for r, n in out.scheduled]
-            shape = out.shape()
+        log = self._step_log
+        before = log.scheduled(out) if log is not None else None  # before advance() moves on
         self._count_prompt_computed(out)
         sampled = self.runner.execute(out, self.kv.block_tables)
         logit_rows = sum(len(r.spec_token_ids) + 1 for r, _ in sampled)
@@ -426,7 +345,7 @@ class LLMEngine:
             outputs.append(self._emit(req, tokens, now))
             num_new += len(outputs[-1].new_token_ids)
         if self._held:
-            self._release_held()
+            release_held(self._held, self._children, self.scheduler, self.config.cache.block_size)
         self._counters["steps"] += 1
         self._counters["generation_tokens"] += num_new
         self._last_step = {
@@ -434,25 +353,10 @@ class LLMEngine:
             "num_seqs": len(out.scheduled),
             "time_s": self._step_time(t0),
         }
-        if self._step_log is not None:
-            # Engine-side queueing of the requests first scheduled in this step.
-            queue_s = [
-                r.metrics.first_scheduled_time - r.metrics.arrival_time for r in out.first_scheduled
-            ]
-            drafts = sum(out.num_spec.values())
-            self._log_step(
-                t0,
-                self._last_step["time_s"],
-                shape,
-                sum(r.num_computed_tokens for r in self.scheduler.running),
-                self._step_cost(chunks, logit_rows),
-                preempted=len(out.preempted),
-                cached_tokens=out.cached_tokens,
-                queue_s=queue_s,
-                draft_tokens=drafts,
-                accepted_tokens=drafts - sum((rejected or {}).values()),
-                allreduce_s=tp.allreduce_s - reduce_s0 if tp is not None else 0.0,
-            )
+        if log is not None and before is not None:
+            reduce_s = tp.allreduce_s - reduce_s0 if tp is not None else 0.0
+            dur = self._last_step["time_s"]
+            log.stepped(self, out, t0, dur, before, logit_rows, rejected, reduce_s)
         self._step_outputs = []
         return outputs
 
@@ -480,48 +384,6 @@ class LLMEngine:
                 break
         return self._output(req, emitted)
 
-    def _log_step(
-        self,
-        t0: float,
-        dur: float,
-        shape: StepShape,
-        kv_tokens: int,
-        cost: dict[str, float],
-        *,
-        preempted: int = 0,
-        cached_tokens: int = 0,
-        queue_s: list[float] | None = None,
-        draft_tokens: int = 0,
-        accepted_tokens: int = 0,
-        allreduce_s: float = 0.0,
-    ) -> None:
-        """One step log line, after the step: the queues and KV as it left them."""
-        assert self._step_log is not None
-        line = {
-            "t": t0,  # start, s on perf_counter's clock (virtual when simulated)
-            "dur_s": dur,  # the step's time, s
-            **shape.as_dict(),  # prefill/decode tokens, seqs, context, ... (cost.py)
-            "running": len(self.scheduler.running),  # requests in the batch after the step
-            "waiting": self.num_waiting,  # added and not running (preempted ones included)
-            "kv_blocks_used": self.kv.num_used_blocks,
-            "preempted": preempted,  # requests preempted in this step (recomputed later)
-            "cached_tokens": cached_tokens,  # admitted from the prefix cache, not computed
-            "prefix_cache_hit_rate": self._hit_rate(),  # cached / queried tokens so far
-            # KV stored for the running batch: computed tokens summed over requests, so
-            # blocks shared (n > 1 siblings' prompt, prefix-cache hits) count once per user
-            # and can push kv_tokens past kv_blocks_used * block_size.
-            "kv_tokens": kv_tokens,
-            "queue_s": queue_s or [],  # arrival-to-first-schedule of each request it started
-            # Speculative decoding: draft tokens verified, and of those accepted.
-            "draft_tokens": draft_tokens,
-            "accepted_tokens": accepted_tokens,  # of draft_tokens
-            # Tensor parallelism: rank 0's time in all-reduces during the step.
-            "allreduce_s": allreduce_s,
-            # Model FLOPs and bytes moved (engine/model/cost.py): utilization per step.
-            **cost,
-        }
-        self._step_log.write(json.dumps(line) + "\n")
-
     def _step_started(self) -> float:
         """When a step starts, on the step log's clock (perf_counter; virtual when simulated)."""
         return time.perf_counter()
@@ -529,32 +391,6 @@ class LLMEngine:
     def _step_time(self, t0: float) -> float:
         """How long the step that started at t0 took (measured; modelled when simulated)."""
         return time.perf_counter() - t0
-
-    def _step_cost(self, chunks: list[tuple[int, int]], sampled_rows: int) -> dict[str, float]:
-        return self._step_cost_of_totals(*chunk_totals(chunks), sampled_rows)
-
-    def _step_cost_of_totals(
-        self, tokens: int, pairs: int, keys: int, sampled_rows: int
-    ) -> dict[str, float]:
-        """The step log's FLOPs and bytes (cost.step_cost_of_totals) at this engine's dtypes."""
-        c = self.config
-        dtype_bytes = DTYPES[c.dtype].itemsize
-        cost = step_cost_of_totals(
-            self.model_config,
-            tokens,
-            pairs,
-            keys,
-            sampled_rows,
-            weight_bytes_per_param=1.0 if c.quantization == "fp8" else dtype_bytes,
-            kv_bytes_per_elem=DTYPES[c.cache.kv_cache_dtype].itemsize,
-            head_bytes_per_param=dtype_bytes,
-        )
-        return {
-            "flops": cost.flops,
-            "weight_bytes": cost.weight_bytes,
-            "kv_read_bytes": cost.kv_read_bytes,
-            "kv_write_bytes": cost.kv_write_bytes,
-        }
 
     def _process_token(self, req: Request, token: int) -> None:
         params = req.params

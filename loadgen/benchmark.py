@@ -1,52 +1,34 @@
 """One benchmark run from a `RunConfig`, in three steps the CLI calls in order: `build_plan`
-(the schedule and prompts, before any server starts, so a bad file fails first), `connect`
-(the backend for a target the CLI started or was given) and `measure` (telemetry, the load
-under an event loop, requests.jsonl and timeline.csv, the summary). Starting and stopping the
-bundled server, printing and writing the summary and report are the CLI's."""
+(loadgen/plan.py: the schedule and prompts, before any server starts, so a bad file fails
+first), `connect` (the backend for a target the CLI started or was given) and `measure`
+(telemetry, the load under an event loop, requests.jsonl and timeline.csv, the summary).
+Starting and stopping the bundled server, printing and writing the summary and report are
+the CLI's."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import itertools
 import json
 import os
 import signal
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
-from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
 from loadgen.endpoints import api_url, server_root
 from loadgen.metrics import SLO, summarize, summarize_classes
-from loadgen.mix import class_schedule, merge, warmup_requests
+from loadgen.plan import BuiltPlan
 from loadgen.records import RecordWriter, RequestRecord
 from loadgen.redact import redact_url
 from loadgen.runner import LoadPlan, LoadRunner, ProbeFailed, RunOutcome, run_event_loop
-from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions, synthetic_sessions
+from loadgen.sessions import multi_turn_summary
 from loadgen.telemetry import Telemetry, spec_counts
-from loadgen.traces import read_trace
-from loadgen.workload import (
-    DEFAULT_INPUT_LEN,
-    DEFAULT_OUTPUT_LEN,
-    PromptBuilder,
-    RequestSpec,
-    ShareGPT,
-    WorkloadConfig,
-    chat_template_tokens,
-    from_trace,
-    read_sharegpt,
-    sharegpt,
-    synthetic,
-)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,148 +77,6 @@ class Target:
 def _metrics_url(base_url: str) -> str:
     """/metrics beside the API root (/v1), the root's query kept."""
     return api_url(server_root(base_url), "metrics")
-
-
-@dataclass(slots=True)
-class BuiltPlan:
-    plan: LoadPlan
-    arrivals: Arrivals | None  # None: closed loop
-    info: dict[str, Any]  # what was read (trace rows skipped, dataset size), for config.json
-    notes: list[str] = field(default_factory=list)  # what to tell the user before the run
-    class_arrivals: dict[str, Arrivals] = field(default_factory=dict)  # traffic classes
-
-
-def build_plan(cfg: RunConfig, tokenizer: Any) -> BuiltPlan:
-    builder = PromptBuilder(tokenizer)
-    info: dict[str, Any] = {}
-    notes: list[str] = []
-    data: ShareGPT | None = None
-    warmup_seed = cfg.seed + 1_000_003  # warm-up prompts never repeat measured ones
-    if cfg.classes:
-        return _class_plan(cfg, builder, warmup_seed)
-    if cfg.arrival == "trace":
-        assert cfg.trace is not None
-        trace = read_trace(cfg.trace, cfg.trace_format, cfg.trace_model)
-        info["trace"] = {
-            "path": trace.path,
-            "format": trace.format,
-            "rows": len(trace.rows),
-            "skipped_failed": trace.skipped_failed,
-            "skipped_model": trace.skipped_model,
-        }
-        specs = from_trace(trace, builder, cfg.seed, cfg.output_len)
-        stamps = tuple(row.timestamp_s for row in trace.rows)
-        arrivals = Arrivals("trace", trace_offsets=stamps, time_scale=cfg.time_scale)
-        offsets = take_schedule(arrivals.offsets(), cfg.num_requests or len(specs), cfg.duration)
-        # The first rows' lengths with other tokens: warm-up must not prefill the cache with
-        # the very prompts (and hash blocks) the measured requests then hit.
-        warm_specs = from_trace(trace, builder, warmup_seed, cfg.output_len)
-        warmup = warm_specs[: cfg.warmup]
-        plan = LoadPlan(
-            handed_out(specs),
-            offsets,
-            cfg.concurrency,
-            warmup=warmup,
-            probe=probe_of(warm_specs[0]),
-        )
-        return BuiltPlan(plan, arrivals, info)
-
-    if cfg.dataset:
-        kind, _, path = cfg.dataset.partition(":")
-        if kind != "sharegpt" or not path:
-            raise ValueError(f"dataset {cfg.dataset!r}: expected sharegpt:PATH")
-        data = read_sharegpt(path, tokenizer, dialogues=cfg.turns is not None)
-        info["dataset"] = data.as_dict()
-        stream: Iterator[RequestSpec | Session] = sharegpt(data, cfg.seed, cfg.output_len)
-        if cfg.turns is not None:
-            stream = sharegpt_sessions(data, cfg.turns, cfg.think_time, cfg.seed, cfg.output_len)
-        warm = sharegpt(data, warmup_seed, cfg.output_len)
-    else:
-        in_len, out_len = cfg.input_len or DEFAULT_INPUT_LEN, cfg.output_len or DEFAULT_OUTPUT_LEN
-        added = chat_template_tokens(builder) if cfg.input_len_after_template else 0
-        if added:  # what the template adds comes off each prompt: --input-len after it
-            info["template_tokens"] = added
-            notes.append(f"the chat template adds {added} tokens: taken off each prompt")
-        wl = WorkloadConfig(
-            in_len, out_len, cfg.shared_prefix_len, cfg.num_prefix_groups, cfg.seed, added
-        )
-        stream = synthetic(wl, builder)
-        if cfg.turns is not None:  # each turn a fresh prompt of the input length, after the rest
-            stream = synthetic_sessions(stream, cfg.turns, cfg.think_time, cfg.seed)
-        warm = synthetic(dataclasses.replace(wl, seed=warmup_seed), builder)
-    if cfg.n > 1:  # parallel sampling: n completions of every measured prompt
-        stream = (dataclasses.replace(x, n=cfg.n) for x in stream)  # type: ignore[arg-type]
-    # The streams are generators: pull a request now, so a bad file or setting fails here,
-    # before any server starts, not in the middle of the run.
-    stream = itertools.chain([next(stream)], stream)
-    probe = probe_of(next(warm))  # single-turn, as the warm-up requests are
-    warmup = list(itertools.islice(warm, cfg.warmup))
-    if cfg.closed_loop:
-        if data is not None:
-            notes.append(data.describe(cfg.num_requests))
-        total = None
-        if cfg.turns is not None and cfg.num_requests is not None:  # conversations built now
-            items = list(itertools.islice(stream, cfg.num_requests))
-            total, stream = _requests_in(items), iter(items)
-        plan = LoadPlan(
-            stream,
-            None,
-            cfg.concurrency,
-            cfg.num_requests,
-            cfg.duration,
-            warmup=warmup,
-            probe=probe,
-            total_requests=total,
-        )
-        return BuiltPlan(plan, None, info, notes)
-    ramp = cfg.ramp()
-    rate = cfg.rate if ramp is None else max(ramp.start, ramp.end)
-    arrivals = Arrivals(cfg.arrival, rate, seed=cfg.seed, ramp=ramp, **cfg.arrival_params)
-    offsets = take_schedule(arrivals.offsets(), cfg.num_requests, cfg.duration)
-    specs = list(itertools.islice(stream, len(offsets)))  # all prompts built before t0
-    if data is not None:
-        notes.append(data.describe(len(offsets)))
-    total = _requests_in(specs) if cfg.turns is not None else None
-    plan = LoadPlan(
-        handed_out(specs),
-        offsets,
-        cfg.concurrency,
-        warmup=warmup,
-        probe=probe,
-        total_requests=total,
-    )
-    return BuiltPlan(plan, arrivals, info, notes)
-
-
-def handed_out(items: list[T]) -> Iterator[T]:
-    """The items in order, each let go of once taken: the plan does not hold every prompt to
-    the end of the run (a simulated hour's 360,000 are ~1 GB)."""
-    items.reverse()
-    while items:
-        yield items.pop()
-
-
-def _class_plan(cfg: RunConfig, builder: PromptBuilder, warmup_seed: int) -> BuiltPlan:
-    """Each class's own schedule and prompts, merged by time into one open-loop plan; the
-    arrival check is made class by class (the merged gaps follow no one process)."""
-    schedules = [class_schedule(c, cfg.seed, cfg.duration, builder) for c in cfg.classes]
-    offsets, specs = merge(schedules)
-    warm = warmup_requests(cfg.classes, warmup_seed, builder)
-    warmup = list(itertools.islice(warm, cfg.warmup))
-    probe = probe_of(warmup[0] if warmup else next(warm))  # the first class's (unmeasured)
-    plan = LoadPlan(handed_out(specs), offsets, cfg.concurrency, warmup=warmup, probe=probe)
-    info = {"classes": {s.cls.name: {"scheduled": len(s.offsets)} for s in schedules}}
-    arrivals = {s.cls.name: s.arrivals for s in schedules}
-    return BuiltPlan(plan, None, info, class_arrivals=arrivals)
-
-
-def _requests_in(items: list[RequestSpec | Session]) -> int:
-    return sum(len(x.turns) if isinstance(x, Session) else 1 for x in items)
-
-
-def probe_of(spec: RequestSpec) -> RequestSpec:
-    """The test request: a real prompt of the run's kind, a few tokens long."""
-    return dataclasses.replace(spec, output_len=min(spec.output_len, 4))
 
 
 def connect(
@@ -327,6 +167,25 @@ def measure(
     return summary, outcome
 
 
+def _split_runner(
+    cfg: RunConfig,
+    backend: Backend,
+    plan: LoadPlan,
+    on_record: Callable[[RequestRecord], None] | None,
+) -> Any:
+    """The runner for --workers N: local processes, or Ray actors with --ray-address (chosen
+    here: ray_runner builds on split_runner, which must not import it back)."""
+    if cfg.ray_address:
+        from loadgen.ray_runner import RaySplitRunner
+
+        return RaySplitRunner(
+            backend, plan, cfg.workers, on_record, cfg.name, address=cfg.ray_address
+        )
+    from loadgen.split_runner import SplitRunner
+
+    return SplitRunner(backend, plan, cfg.workers, on_record, cfg.name)
+
+
 def _check_template_tokens(summary: dict[str, Any], taken_off: int | None) -> None:
     """--input-len-after-template: the server's count against what was taken off the prompts
     (a template of its own, not the tokenizer's, shows here)."""
@@ -391,9 +250,7 @@ async def run_benchmark(
     clock = getattr(backend, "clock", None)  # a simulated engine's virtual clock
     times = {"clock": clock.time} if clock is not None else {}
     if cfg.workers != 1 or cfg.ray_address:  # from worker processes (loadgen/split_runner.py)
-        from loadgen.split_runner import split_runner
-
-        runner: Any = split_runner(cfg, backend, built.plan, writer.write)
+        runner: Any = _split_runner(cfg, backend, built.plan, writer.write)
     else:
         runner = LoadRunner(backend, built.plan, writer.write, cfg.name, **times)
     loop = asyncio.get_running_loop()

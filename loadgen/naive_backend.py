@@ -277,9 +277,10 @@ def _load(model: str, engine_args: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
     import torch
     import transformers
 
-    from engine.engine import DTYPES, resolve_device, resolve_dtype
     from engine.model.export import hf_config, hf_state_dict
     from engine.model.loader import load_model
+    from engine.model_store import DTYPES
+    from engine.resolve import resolve_device, resolve_dtype
 
     device = resolve_device(engine_args.get("device") or "auto")
     dtype = DTYPES[resolve_dtype(engine_args.get("dtype") or "auto", device)]

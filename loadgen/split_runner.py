@@ -75,22 +75,6 @@ def check_split(cfg: Any) -> None:
         )
 
 
-def split_runner(
-    cfg: Any,
-    backend: Backend,
-    plan: LoadPlan,
-    on_record: Callable[[RequestRecord], None] | None,
-) -> SplitRunner:
-    """The runner for --workers N: local processes, or Ray actors with --ray-address."""
-    if cfg.ray_address:
-        from loadgen.ray_runner import RaySplitRunner
-
-        return RaySplitRunner(
-            backend, plan, cfg.workers, on_record, cfg.name, address=cfg.ray_address
-        )
-    return SplitRunner(backend, plan, cfg.workers, on_record, cfg.name)
-
-
 @dataclass(slots=True)
 class WorkerState:
     process: Any  # multiprocessing's SpawnProcess

@@ -12,7 +12,8 @@ import pytest
 
 from loadgen.arrivals import ArrivalProcess, arrival_names, param, register
 from loadgen.arrivals.gamma import Gamma
-from loadgen.config import RunConfig, build_config
+from loadgen.config import RunConfig
+from loadgen.profiles import build_config
 
 TRACE = {"arrival": "trace", "trace": "t.jsonl"}
 

@@ -11,8 +11,8 @@ import pytest
 
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import Arrivals, Ramp
-from loadgen.benchmark import build_plan
-from loadgen.config import build_config
+from loadgen.plan import build_plan
+from loadgen.profiles import build_config
 
 LENGTHS = {"input_len": "8", "output_len": "4"}
 POISSON = [0.0, 0.17688231394798037, 0.4331831510217066, 0.5753203153675195, 0.7990977812663103]

@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 
 SMALL = {
     "model": "tiny-smollm2",
@@ -195,7 +195,7 @@ def test_a_failing_test_request_stops_the_run_before_any_load(tmp_path: Path) ->
 
 
 def test_a_run_where_nothing_succeeded_exits_1() -> None:
-    from bench_cli.run_command import exit_code
+    from bench_cli.run.execute import exit_code
 
     assert exit_code({"interrupted": False, "completed": 0}) == 1
     assert exit_code({"interrupted": False, "completed": 3}) == 0

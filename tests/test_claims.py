@@ -25,7 +25,7 @@ from bench_cli.claims.verdict import (
     combine,
     factor,
 )
-from bench_cli.sweep_grid import SweepPoint
+from bench_cli.sweep.grid import SweepPoint
 
 VERDICTS = {HOLDS, PARTLY, FAILS, UNMEASURABLE}
 

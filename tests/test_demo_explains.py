@@ -9,7 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from bench_cli.app import app
-from bench_cli.explain import explain
+from bench_cli.run.explain import explain
 
 
 def test_explain_says_what_the_headline_numbers_mean() -> None:

@@ -157,7 +157,8 @@ def test_auto_dtype_is_bf16_only_where_the_hardware_runs_it_natively(monkeypatch
     import torch
 
     from engine.dtype_choice import choose_dtype
-    from engine.engine import cpu_has_native_bf16, resolve_dtype
+    from engine.engine import cpu_has_native_bf16
+    from engine.resolve import resolve_dtype
 
     cpu = torch.device("cpu")
     assert resolve_dtype("auto", cpu) == "float32"  # SERVEBENCH_CPU_BF16=0 (conftest)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bench_cli.gate import GateInputError, Limit
+from bench_cli.gate.checks import Limit
+from bench_cli.gate.results import GateInputError
 from tests.test_sweep_gate import gate, write_run, write_sweep
 
 LIMIT = ["--max-regression", "output_throughput=10%"]

@@ -137,7 +137,7 @@ PROFILE = {"rate": 1.0, "num_requests": 4, "kv_reservation": "max_len"}
 
 def test_kv_reservation_is_a_profile_key_and_a_serve_flag() -> None:
     from bench_cli.local_server import serve_flags
-    from loadgen.config import build_config
+    from loadgen.profiles import build_config
 
     assert "kv_reservation" in engine_arg_names()
     cfg = build_config(dict(PROFILE), {}, engine_arg_names())

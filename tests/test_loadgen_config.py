@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from engine.config import engine_arg_names
-from loadgen.config import PROFILE_DIR, RunConfig, build_config, load_profile
+from loadgen.config import RunConfig
+from loadgen.profiles import PROFILE_DIR, build_config, load_profile
 
 ENGINE = {"max_num_seqs", "batching"}
 BASE = {"rate": 2.0, "num_requests": 10}  # the least a valid open-loop run needs
@@ -395,7 +396,7 @@ def test_a_profiles_data_file_may_be_named_relative_to_the_profile(tmp_path, mon
     """profiles/speculative.toml names data/copy-edit.json beside it: found from any folder."""
     from pathlib import Path
 
-    from loadgen.config import load_profile
+    from loadgen.profiles import load_profile
 
     monkeypatch.chdir(tmp_path)
     bundles = load_profile("speculative")["sweep"]["workload"]

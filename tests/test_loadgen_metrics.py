@@ -431,7 +431,7 @@ def test_headers_sampling_and_extra_body_reach_the_server() -> None:
     """--header, --temperature/--top-p/--top-k and --extra-body go into every request; the
     extra body is merged last (it may override anything, as vLLM's does)."""
     from loadgen.benchmark import Target, connect
-    from loadgen.config import build_config
+    from loadgen.profiles import build_config
 
     seen: dict[str, Any] = {}
 

@@ -12,9 +12,10 @@ import pandas as pd
 import pytest
 
 from bench_cli.export import write_summary
-from bench_cli.gate import Limit, compare, direction, load_results
-from bench_cli.sweep_grid import SweepPoint
-from bench_cli.sweep_row import aggregate
+from bench_cli.gate.checks import Limit, compare, direction
+from bench_cli.gate.results import load_results
+from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.row import aggregate
 from loadgen import metric_registry
 from loadgen.arrivals import Arrivals
 from loadgen.metric_registry import NOT_METRICS, Metric
@@ -78,7 +79,7 @@ def test_peak_output_throughput_reaches_sweep_csv_and_the_gate() -> None:
 
 
 def test_a_metric_without_a_direction_is_refused_by_the_gate_with_the_reason() -> None:
-    from bench_cli.gate import GateInputError
+    from bench_cli.gate.results import GateInputError
 
     with pytest.raises(GateInputError, match="neither higher nor lower"):
         direction("total_output_tokens")

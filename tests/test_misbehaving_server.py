@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from bench_cli.local_server import free_port
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from loadgen.backends import OpenAIBackend
 from loadgen.endpoints import resolve_base_url
 from loadgen.mock_server import ESCAPE_ERROR, JSON_ERROR

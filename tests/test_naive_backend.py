@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from loadgen.records import RequestRecord
 from loadgen.workload import RequestSpec
 
@@ -207,9 +207,9 @@ def test_refused_combinations_are_clear_errors(tmp_path: Path, flags: dict, erro
 
 
 def test_a_sweep_bundle_can_name_the_naive_baseline(tmp_path: Path) -> None:
-    from bench_cli.run_command import resolve_config
-    from bench_cli.sweep_grid import grid, load_sweep
-    from bench_cli.sweep_point import point_flags
+    from bench_cli.run.execute import resolve_config
+    from bench_cli.sweep.grid import grid, load_sweep
+    from bench_cli.sweep.point import point_flags
 
     profile = {
         "name": "claims",

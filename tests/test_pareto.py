@@ -10,8 +10,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from bench_cli.app import app
-from bench_cli.pareto import frontier, frontier_rows
-from bench_cli.report import sweep_report
+from bench_cli.report.sweep import sweep_report
+from bench_cli.sweep.pareto import frontier, frontier_rows
 from tests.test_report import AXES, _sweep_table
 
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bench_cli.app import app
-from bench_cli.profile import CATEGORIES, COMPILED_REST, FORWARD_REST, SCOPE, ops_seconds
+from bench_cli.profile.capture import CATEGORIES, COMPILED_REST, FORWARD_REST, SCOPE, ops_seconds
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 
 
 def test_without_ray_the_run_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:

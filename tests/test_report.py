@@ -11,13 +11,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from bench_cli.report import (
-    run_report,
-    setting_colours,
-    sweep_figures,
-    sweep_report,
-    throughput_figure,
-)
+from bench_cli.report.page import setting_colours
+from bench_cli.report.run import run_report, throughput_figure
+from bench_cli.report.sweep import sweep_figures, sweep_report
 from bench_cli.signals import Signal, signal
 from loadgen.records import RequestRecord
 

@@ -6,15 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench_cli.report import (
-    _ms,
-    _number,
-    has_data,
-    latency_figure,
-    run_report,
-    throughput_figure,
-    timeline_figure,
-)
+from bench_cli.report.page import has_data
+from bench_cli.report.page import ms as _ms
+from bench_cli.report.page import number as _number
+from bench_cli.report.run import latency_figure, run_report, throughput_figure, timeline_figure
 from loadgen.records import RequestRecord
 from tests.test_report import _run_folder
 

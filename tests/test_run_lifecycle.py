@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench_cli.report import build_report
+from bench_cli.report.cli import build_report
 from tests.test_bench_run import bench_run
 
 
@@ -273,7 +273,7 @@ def test_a_sweep_stops_at_a_failed_test_request_and_reruns_it_on_resume(
     rc, printed = sweep(tmp_path, profile)
     assert rc == 1 and "test request to" in printed, printed
     point = next((tmp_path / "sweep").glob("*/summary.json")).parent
-    from bench_cli.sweep_point import finished
+    from bench_cli.sweep.point import finished
 
     assert finished(point) is None  # --resume runs it again
 

@@ -13,8 +13,8 @@ import pytest
 from rich.console import Console
 
 from bench_cli.export import run_dir
-from bench_cli.run_command import execute
-from bench_cli.sweep import run_sweep
+from bench_cli.run.execute import execute
+from bench_cli.sweep.runner import run_sweep
 
 # A busy machine's schedule lag is not what these tests check (INVALID: test_run_lifecycle).
 RUN = {"rate": 50.0, "num_requests": 3, "warmup": 0, "input_len": "8", "output_len": "3"}

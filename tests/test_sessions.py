@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from loadgen.config import build_config
+from loadgen.profiles import build_config
 from loadgen.records import RequestRecord
 from loadgen.runner import LoadPlan, LoadRunner
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions
@@ -139,7 +139,7 @@ def test_a_multi_turn_run_against_a_server(
 
     from rich.console import Console
 
-    from bench_cli.run_command import execute
+    from bench_cli.run.execute import execute
 
     url = mock_server("--ttft", "0.002", "--itl", "0.001")
     flags = {
@@ -178,7 +178,7 @@ def test_a_multi_turn_run_against_bench_serve(tmp_path: Path) -> None:
 
     from rich.console import Console
 
-    from bench_cli.run_command import execute
+    from bench_cli.run.execute import execute
 
     flags = {
         "model": "tiny-smollm2",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from engine.config import EngineConfig
 from engine.core.kv_cache_manager import builtin_chain_hashes, chain_hashes
 from engine.core.request import SamplingParams
@@ -31,7 +31,7 @@ from engine.sim.efficiency_fit import fit_efficiency
 from engine.sim.hardware import DEVICES
 from engine.sim.sim_engine import SimEngine, size_gpu_kv_cache, step_model_for, weight_bytes
 from engine.sim.step_time import Calibrated, Efficiency, Roofline, Terms, fit
-from loadgen.config import PROFILE_DIR, load_profile
+from loadgen.profiles import PROFILE_DIR, load_profile
 from loadgen.virtual_loop import run_virtual, without_cyclic_gc
 
 
@@ -561,7 +561,7 @@ def test_the_times_formatted_while_stamping_are_the_records_own(
 def test_every_profile_runs_simulated(tmp_path: Path, name: str) -> None:
     """Each shipped profile (a sweep's last point), a few requests, on a simulated H100
     (speculative decoding with an acceptance rate given)."""
-    from bench_cli.sweep_grid import grid, load_sweep
+    from bench_cli.sweep.grid import grid, load_sweep
 
     flags: dict[str, Any] = {"engine_kind": "sim", "sim_device": "h100", "warmup": 0}
     flags |= {"num_requests": 4, "out": str(tmp_path / "run"), "sim_acceptance": 0.6}

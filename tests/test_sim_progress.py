@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 from rich.console import Console
 
-from bench_cli.run_command import execute
-from bench_cli.sim_progress import SimProgress
+from bench_cli.run.execute import execute
+from bench_cli.run.sim_progress import SimProgress
 from loadgen.runner import Progress
 from tests.test_sim import SIM
 

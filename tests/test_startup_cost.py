@@ -132,7 +132,7 @@ def test_the_base_url_path_does_not_import_torch() -> None:
     of CPU, and nothing on that path needs it."""
     code = (
         "import sys\n"
-        "import bench_cli.app, bench_cli.run_command, bench_cli.tables, bench_cli.export\n"
+        "import bench_cli.app, bench_cli.run.execute, bench_cli.tables, bench_cli.export\n"
         "from engine.config import engine_arg_names\n"
         "from engine.model.sources import ModelLoadError, load_tokenizer\n"
         "import loadgen.benchmark, loadgen.backends, loadgen.runner\n"
@@ -166,7 +166,7 @@ def test_generate_times_after_a_warm_up_and_flags_a_cold_compile(tmp_path: Path)
 def test_a_fresh_unwarmed_bundled_engine_is_flagged_cold(
     tmp_path: Path, mock_server: Callable[..., str]
 ) -> None:
-    from bench_cli.run_command import execute
+    from bench_cli.run.execute import execute
 
     small = {"num_requests": 3, "rate": 50.0, "warmup": 0, "input_len": "8", "output_len": "3"}
     runs = {

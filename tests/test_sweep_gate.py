@@ -16,13 +16,14 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from bench_cli.app import app
-from bench_cli.gate import Limit, check
-from bench_cli.sweep import run_sweep
-from bench_cli.sweep_grid import grid, load_sweep
-from bench_cli.sweep_row import aggregate, slo_attainment, t975
-from bench_cli.sweep_table import knee
+from bench_cli.gate.checks import Limit, check
+from bench_cli.sweep.grid import grid, load_sweep
+from bench_cli.sweep.row import aggregate, slo_attainment, t975
+from bench_cli.sweep.runner import run_sweep
+from bench_cli.sweep.table import knee
 from engine.config import EngineConfig, engine_arg_names
-from loadgen.config import PROFILE_DIR, RunConfig, build_config, load_profile
+from loadgen.config import RunConfig
+from loadgen.profiles import PROFILE_DIR, build_config, load_profile
 
 SWEEP = """
 name = "two"
@@ -515,8 +516,8 @@ def test_every_shipped_profile_builds_valid_runs_and_engine_settings(name: str) 
 
 
 def test_a_bundle_axis_spreads_its_settings_and_is_named_by_its_label(tmp_path: Path) -> None:
-    from bench_cli.report import sweep_report
-    from bench_cli.sweep_point import point_flags
+    from bench_cli.report.sweep import sweep_report
+    from bench_cli.sweep.point import point_flags
 
     axes = {
         "prefill": [

@@ -11,10 +11,10 @@ from typing import Any
 import pandas as pd
 from rich.console import Console
 
-from bench_cli.report import sweep_report
-from bench_cli.sweep_grid import grid
-from bench_cli.sweep_row import aggregate
-from bench_cli.sweep_table import knee, print_comparison
+from bench_cli.report.sweep import sweep_report
+from bench_cli.sweep.grid import grid
+from bench_cli.sweep.row import aggregate
+from bench_cli.sweep.table import knee, print_comparison
 from tests.test_report import AXES, _sweep_table
 from tests.test_sweep_gate import _summary
 
@@ -55,7 +55,7 @@ def test_the_sweep_report_marks_invalid_points(tmp_path: Path) -> None:
 
 
 def test_an_slo_knee_at_an_invalid_point_says_so() -> None:
-    from bench_cli.sweep_table import knee
+    from bench_cli.sweep.table import knee
 
     def row(rate: float, attainment: float, valid: float = 1.0) -> dict:
         return {"rate": rate, "slo_attainment": attainment, "valid": valid}

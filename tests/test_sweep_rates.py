@@ -18,10 +18,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from bench_cli.app import app
-from bench_cli.sweep import run_sweep
-from bench_cli.sweep_grid import grid
-from bench_cli.sweep_rates import RateSpec, anchor_points, apply, auto_axes, between
-from bench_cli.sweep_table import knee
+from bench_cli.sweep.grid import grid
+from bench_cli.sweep.rates import RateSpec, anchor_points, apply, auto_axes, between
+from bench_cli.sweep.runner import run_sweep
+from bench_cli.sweep.table import knee
 
 TTFT, ITL, OUTPUT = 0.02, 0.002, 8
 # One request at a time can do no better than this (the mock's own timing, no overhead).

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from bench_cli.serve_cmd import ServeCommand
-from bench_cli.sweep import run_sweep
-from bench_cli.sweep_ray import resources
+from bench_cli.sweep.ray import resources
+from bench_cli.sweep.runner import run_sweep
+from bench_cli.sweep.serve_cmd import ServeCommand
 
 LOAD_ONLY = """
 name = "par"

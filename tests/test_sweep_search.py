@@ -15,9 +15,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from bench_cli.app import app
-from bench_cli.sweep import run_sweep
-from bench_cli.sweep_grid import SweepPoint
-from bench_cli.sweep_search import SearchSpec, bisect, run_search
+from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.runner import run_sweep
+from bench_cli.sweep.search import SearchSpec, bisect, run_search
 
 
 def test_bisection_finds_the_knee_in_steps_plus_two_runs() -> None:

@@ -19,8 +19,8 @@ import psutil
 import pytest
 from rich.console import Console
 
-from bench_cli.serve_cmd import ServeCommand
-from bench_cli.sweep import run_sweep
+from bench_cli.sweep.runner import run_sweep
+from bench_cli.sweep.serve_cmd import ServeCommand
 
 SERVE = f"{sys.executable} -m bench_cli serve --model tiny-smollm2 --port {{port}}"
 PROFILE = """

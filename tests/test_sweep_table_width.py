@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from bench_cli.sweep_table import COLUMNS, print_comparison
+from bench_cli.sweep.table import COLUMNS, print_comparison
 
 
 def _row(setting: str, rate: float, k: float) -> dict[str, Any]:

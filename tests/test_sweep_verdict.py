@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench_cli.report import sweep_report
-from bench_cli.sweep_verdict import headline, verdict_lines, workload_text
+from bench_cli.report.sweep import sweep_report
+from bench_cli.sweep.verdict import headline, verdict_lines, workload_text
 from tests.test_report import AXES, _sweep_table
 
 PLAN = {

@@ -16,12 +16,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench_cli.gate import Results, load_differences, load_keys
-from bench_cli.run_command import _load_text
+from bench_cli.gate.results import Results, load_differences, load_keys
+from bench_cli.run.execute import _load_text
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import ArrivalProcess, param, register, unregister
-from loadgen.benchmark import build_plan
-from loadgen.config import RunConfig, build_config
+from loadgen.config import RunConfig
+from loadgen.plan import build_plan
+from loadgen.profiles import build_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

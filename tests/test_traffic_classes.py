@@ -16,14 +16,15 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
-from bench_cli.sweep import run_sweep
-from bench_cli.sweep_row import metrics_of
+from bench_cli.run.execute import execute
+from bench_cli.sweep.row import metrics_of
+from bench_cli.sweep.runner import run_sweep
 from engine.model.loader import load_tokenizer
 from loadgen.arrivals import ks_pvalue, ks_statistic
-from loadgen.benchmark import build_plan
-from loadgen.config import RunConfig, build_config, load_profile
+from loadgen.config import RunConfig
 from loadgen.metrics import SLO, summarize, summarize_classes
+from loadgen.plan import build_plan
+from loadgen.profiles import build_config, load_profile
 from loadgen.records import RequestRecord
 from loadgen.traffic import parse_class_flag
 

@@ -15,7 +15,7 @@ import torch
 from rich.console import Console
 
 from engine import LLM, SamplingParams
-from engine.engine import resolve_attention_backend
+from engine.resolve import resolve_attention_backend
 
 pytest.importorskip("triton")
 
@@ -69,7 +69,7 @@ def test_auto_resolves_by_device_and_a_bad_name_is_refused() -> None:
 
 
 def test_bench_run_through_bench_serve_with_the_triton_backend(tmp_path: Path) -> None:
-    from bench_cli.run_command import execute
+    from bench_cli.run.execute import execute
 
     out = tmp_path / "run"
     buf = io.StringIO()

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from bench_cli import device_peak as dp
-from bench_cli.report import steps_figure, utilization_text
+from bench_cli.report.steps import steps_figure, utilization_text
 from engine import LLM, SamplingParams
 from engine.model.cost import kv_bytes_per_token, matmul_params, step_cost
 from engine.model.sources import TINY_CONFIGS

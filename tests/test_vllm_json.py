@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
-from bench_cli.vllm_json import vllm_result
+from bench_cli.run.execute import execute
+from bench_cli.run.vllm_json import vllm_result
 from loadgen.metrics import summarize
 from loadgen.records import RequestRecord
 

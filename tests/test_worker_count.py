@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from loadgen import worker_count
 from loadgen.worker_count import busiest_second, choose_workers, measure_cpu_per_request
 

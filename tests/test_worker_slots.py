@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from loadgen.worker_slots import Dispenser, assign, fit_workers, split_slots
 
 LOAD = {

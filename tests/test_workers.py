@@ -21,7 +21,7 @@ import pytest
 from rich.console import Console
 
 from bench_cli.outcome import notices
-from bench_cli.run_command import execute
+from bench_cli.run.execute import execute
 from loadgen.metrics import summarize
 from loadgen.per_worker import judge_workers
 from loadgen.records import RequestRecord
@@ -180,7 +180,7 @@ def test_one_late_worker_makes_the_run_invalid_though_the_merged_p99_is_kept() -
 
 
 def test_the_late_worker_is_named_in_the_printed_table_and_the_report(tmp_path: Path) -> None:
-    from bench_cli.report import run_report
+    from bench_cli.report.run import run_report
     from bench_cli.tables import print_result
 
     recs = [_rec(i, 0, 0.0) for i in range(200)] + [_rec(200 + i, 1, 0.05) for i in range(4)]

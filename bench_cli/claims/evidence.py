@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_cli.sweep_grid import SweepPoint, grid
+from bench_cli.sweep.grid import SweepPoint, grid
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from bench_cli.claims.claim import Claim, Scale, Simulation, models_run
 from bench_cli.claims.evidence import read_sweep
 from bench_cli.claims.verdict import Finding, unmeasurable
 from bench_cli.export import environment, run_dir, write_json
-from bench_cli.run_command import INVALID_EXIT
+from bench_cli.run.execute import INVALID_EXIT
 from loadgen.redact import redact_url
 
 INVALID_SWEEP = (
@@ -180,7 +180,7 @@ def _run_claim(
 ) -> Finding | Failed | int:
     """The claim's finding, a failure to measure it, or the exit code of a sweep that was
     interrupted."""
-    from bench_cli.sweep import run_sweep
+    from bench_cli.sweep.runner import run_sweep
 
     if claim.missing:
         return unmeasurable(claim.missing)

@@ -40,8 +40,8 @@ def main() -> int:
         config, kv_scales = pickle.load(f)
 
     from engine.distributed.group import TPGroup
-    from engine.engine import resolve_device
     from engine.model_store import build_tp_rank
+    from engine.resolve import resolve_device
 
     device = resolve_device(config.device)
     if device.type == "cuda":

@@ -92,7 +92,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> t
 
 _lib = torch.library.Library("servebench", "FRAGMENT")
 _lib.define("paged_attention(Tensor q, Tensor k, Tensor v, float scale) -> Tensor")
-# Through the module's name, so that a profiler can time it (bench_cli/profile.py).
+# Through the module's name, so that a profiler can time it (bench_cli/profile/capture.py).
 _lib.impl("paged_attention", lambda *args: attend(*args), "CompositeExplicitAutograd")
 
 

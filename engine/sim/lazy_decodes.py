@@ -216,17 +216,18 @@ class LazyDecodes:
         counters["generation_tokens"] += rows
         n = out.num_batched_tokens
         engine._last_step = {"num_tokens": n, "num_seqs": d + len(out.scheduled), "time_s": dur}
-        if engine._step_log is not None:
+        if (log := engine._step_log) is not None:
             tokens, pairs, keys = chunk_totals(chunks)
             kv_tokens = self.context + sum(
                 r.num_computed_tokens for r in sched.running[len(self.members) :]
             )
-            engine._log_step(
+            log.write(
+                engine,
                 t0,
                 dur,
                 shape,
                 kv_tokens,
-                engine._step_cost_of_totals(tokens + d, pairs + ctx + d, keys + ctx + d, rows),
+                log.cost_of_totals(tokens + d, pairs + ctx + d, keys + ctx + d, rows),
                 cached_tokens=out.cached_tokens,
                 queue_s=[
                     r.metrics.first_scheduled_time - r.metrics.arrival_time

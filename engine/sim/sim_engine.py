@@ -17,8 +17,9 @@ from engine.config import EngineConfig, ModelConfig
 from engine.core.kv_cache_manager import builtin_chain_hashes
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduler import SchedulerOutput
-from engine.engine import LLMEngine, resolve_dtype
+from engine.engine import LLMEngine
 from engine.model.cost import StepShape, matmul_params
+from engine.resolve import resolve_dtype
 from engine.sim.clock import VirtualClock
 from engine.sim.hardware import DeviceSpec
 from engine.sim.lazy_decodes import LazyDecodes
@@ -250,10 +251,10 @@ class SimEngine(LLMEngine):
                     fills[j].append(r)
             r.token_ids.extend(itertools.repeat(self.runner.token_id, k_max))
         context = sum(starts)
-        log = self._step_log is not None
+        log = self._step_log
         cost0 = cost1 = {}
-        if log:  # affine in the step: two exact ones give all of them
-            cost0, cost1 = (self._step_cost(_decode_chunks(n, context + j * n), n) for j in (0, 1))
+        if log is not None:  # affine in the step: two exact ones give all of them
+            cost0, cost1 = (log.cost(_decode_chunks(n, context + j * n), n) for j in (0, 1))
         ends: list[float] = []
         step_time = self.runner.step_model.step_time  # type: ignore[attr-defined]
         for j in range(k_max):
@@ -266,9 +267,9 @@ class SimEngine(LLMEngine):
             dur = step_time(shape)
             for r in fills.get(j, ()):
                 kv.cache_computed(r.request_id, r.token_ids, r.num_computed_tokens + j + 1)
-            if log:
+            if log is not None:
                 cost = {k: v + j * (cost1[k] - v) for k, v in cost0.items()}
-                self._log_step(t, dur, shape, keys, cost)
+                log.write(self, t, dur, shape, keys, cost)
             t += dur
             ends.append(t)
         k = len(ends)

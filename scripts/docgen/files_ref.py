@@ -9,10 +9,10 @@ import dataclasses
 from typing import Any
 
 from bench_cli.export import RUN_FILES, summary_row
-from bench_cli.sweep_grid import SweepPoint
-from bench_cli.sweep_row import aggregate
-from engine.engine import LLMEngine
+from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.row import aggregate
 from engine.model.cost import StepCost, StepShape
+from engine.step_log import StepLog
 from loadgen import metric_registry
 from loadgen.records import RequestRecord
 from loadgen.telemetry import ENGINE_GAUGES
@@ -58,7 +58,7 @@ def _sweep_columns() -> list[str]:
 
 def _step_log_keys() -> list[tuple[str, str]]:
     """The keys of the engine's step-log line with their comments, then its shape and cost."""
-    keys = dict_key_comments(LLMEngine._log_step)
+    keys = dict_key_comments(StepLog.write)
     shape = field_comments(StepShape)
     out = list(keys.items())
     out += [(f.name, shape.get(f.name, "")) for f in dataclasses.fields(StepShape)]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-from bench_cli.run_command import INVALID_EXIT, exit_code
+from bench_cli.run.execute import INVALID_EXIT, exit_code
 from loadgen import metric_registry
 from loadgen.metric_registry import NOT_METRICS, Metric
 from loadgen.metrics import SLO, STATS, summarize
@@ -157,10 +157,10 @@ def exit_codes_page() -> str:
     body = (
         "## bench run, bench sweep, bench claims\n\n"
         f"{runs}\nThe INVALID code is `INVALID_EXIT = {INVALID_EXIT}` in "
-        "bench_cli/run_command.py; 0, 1, 3 and the signals' codes above come from its "
+        "bench_cli/run/execute.py; 0, 1, 3 and the signals' codes above come from its "
         "`exit_code()`, called on summaries of each kind (2 is the commands' `typer.Exit(2)` on "
         "bad input). A signal gives 128 + its number, the shell's convention.\n\n"
         f"## bench gate\n\n{gate}"
     )
     intro = "What each exit status of `bench` means, and what to change."
-    return page("Exit codes", "bench_cli/run_command.py", intro, body)
+    return page("Exit codes", "bench_cli/run/execute.py", intro, body)

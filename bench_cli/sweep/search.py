@@ -1,6 +1,6 @@
 """`bench sweep --slo-search LO:HI[:STEPS]`: for each setting, the highest request rate whose
 SLO attainment stays at the target (--slo-target, 90 % by default) or more (the knee of
-bench_cli.sweep_table), found by bisection on the rate instead of a fixed grid of rates: HI
+bench_cli.sweep.table), found by bisection on the rate instead of a fixed grid of rates: HI
 first (served: the knee lies beyond it), then LO (not served: none), then STEPS midpoints.
 Every run is an ordinary sweep point in sweep.csv. Bisection assumes the share in SLO falls as
 the rate rises: where the runs show it rising beyond noise, the answer is marked DOUBTFUL."""
@@ -15,8 +15,8 @@ from typing import Any
 from rich.console import Console
 
 from bench_cli.export import write_json
-from bench_cli.sweep_grid import SweepPoint, grid
-from bench_cli.sweep_table import SLO_ATTAINMENT, attainment_rise
+from bench_cli.sweep.grid import SweepPoint, grid
+from bench_cli.sweep.table import SLO_ATTAINMENT, attainment_rise
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +116,7 @@ def run_search(
     sweep_dir: Path,
     target: float = SLO_ATTAINMENT,
 ) -> int | None:
-    """Bisect each setting's rate, `point_row` running each point (bench_cli.sweep_point's
+    """Bisect each setting's rate, `point_row` running each point (bench_cli.sweep.point's
     Sweep.point_row), appending its row and saving sweep.csv after each; an exit code when a
     point could not finish."""
     settings = grid(axes) if axes else [SweepPoint(0, {}, {})]

@@ -13,8 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from bench_cli.sweep_grid import LOAD_AXES
-from bench_cli.sweep_table import SLO_ATTAINMENT, invalid, knee
+from bench_cli.sweep.grid import LOAD_AXES
+from bench_cli.sweep.table import SLO_ATTAINMENT, invalid, knee
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,10 +29,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import write_summary
-from bench_cli.run_command import exit_code
-from bench_cli.sweep_grid import SweepPoint
-from bench_cli.sweep_point import Sweep, finished
-from bench_cli.sweep_row import aggregate
+from bench_cli.run.execute import exit_code
+from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.point import Sweep, finished
+from bench_cli.sweep.row import aggregate
 
 POLL_S = 0.5  # how often the driver looks up from waiting (a signal is handled then)
 CANCEL_WAIT_S = 30.0  # cancelled tasks have this long to stop their servers

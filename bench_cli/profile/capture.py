@@ -11,28 +11,21 @@ objects for the capture and removed after: the engine itself carries no instrume
 
 from __future__ import annotations
 
-import json
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from types import ModuleType
 from typing import Any
 
 import torch
-from rich.markup import escape
-from rich.table import Table
 
-from bench_cli.device_peak import measure_peak
-from bench_cli.export import environment, run_dir, write_json
-from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
 from engine.model import compiled_forward, triton_forward
-from engine.model.cost import matmul_params
 
 ENGINE_REST = "engine (Python, rest)"
 FORWARD_REST = "norm, rope, activation, residual"
@@ -317,170 +310,3 @@ def _activities() -> list[torch.profiler.ProfilerActivity]:
     if torch.cuda.is_available():
         acts.append(torch.profiler.ProfilerActivity.CUDA)
     return acts
-
-
-def _module_bytes(module: torch.nn.Module) -> int:
-    tensors = [*module.parameters(), *module.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
-def analyse(engine: LLMEngine, shape: Shape, result: dict[str, Any], peak: dict[str, Any]) -> dict:
-    """FLOPs and bytes of the categories that have them (analytic, as in
-    bench_cli/claims/utilization.py: the weights a step reads once, the KV its attention reads),
-    their rates against the measured peaks, and the step's memory floor: the bytes it must read
-    (weights, KV) over the device's read bandwidth."""
-    model = engine.runner.model
-    cfg = model.config
-    tokens = shape.batch + shape.prefill
-    p, start = shape.prefill, result["prefill_start"]
-    # Query-key pairs: each decode reads its context; a chunk's i-th query its own prefix.
-    pairs = result["decode_context"] + (p * start + p * (p + 1) / 2 if p else 0)
-    keys_read = result["decode_context"] + (start + p if p else 0)
-    kv_token_bytes = engine.stats()["kv_block_bytes"] / engine.config.cache.block_size
-    rows = shape.batch  # the prefill chunk never ends its prompt: no row of its is sampled
-    linear_bytes = sum(_module_bytes(getattr(m, n)) for m, n in model._layer_linears())
-    head_bytes = _module_bytes(model.lm_head) if rows else 0
-    costs = {
-        "linears": (2.0 * matmul_params(cfg) * tokens, linear_bytes),
-        "attention": (
-            4.0 * cfg.num_layers * cfg.num_heads * cfg.head_dim * pairs,
-            kv_token_bytes * (keys_read + tokens),
-        ),
-        "LM head": (2.0 * cfg.hidden_size * cfg.vocab_size * rows, head_bytes),
-    }
-    took = result["category_s"]
-    if took[COMPILED_REST] and not took["attention"]:  # decode steps: attention is compiled in
-        costs[COMPILED_REST] = costs.pop("attention")
-    rates = {}
-    for category, (flops, moved) in costs.items():
-        took = result["category_s"][category]
-        rates[category] = {
-            "flops": flops,
-            "bytes": moved,
-            "flops_per_s": flops / took if took else None,
-            "bytes_per_s": moved / took if took else None,
-        }
-    floor_bytes = sum(moved for _, moved in costs.values())
-    floor_s = floor_bytes / peak["peak_read_bytes_per_s"]
-    return {
-        "rates": rates,
-        "floor_bytes": floor_bytes,
-        "floor_s": floor_s,
-        "floor_ratio": result["step_s"] / floor_s,
-    }
-
-
-def run_profile(model: str, shape: Shape, options: dict[str, Any], out: str | None) -> dict:
-    """Build the engine, measure this device's peaks, capture and analyse; writes trace.json
-    and profile.json in the folder (default results/<time>-profile) and returns the report."""
-    shape.validate()
-    engine = LLMEngine(EngineConfig.from_kwargs(model, **{**options, **shape.engine_args()}))
-    folder = run_dir(out, "profile")
-    result = capture(engine, shape, folder)
-    device = engine.runner.device
-    peak = measure_peak(device.type, engine.runner.dtype)
-    report = {
-        "shape": asdict(shape),
-        "engine": engine.config.to_dict(),
-        "environment": environment(),
-        "peak": peak,
-        **result,
-        "analysis": analyse(engine, shape, result, peak),
-        "trace": str(folder / "trace.json"),
-    }
-    write_json(folder / "profile.json", report)
-    return report
-
-
-def load_report(path: str | Path) -> dict[str, Any]:
-    """A profile.json, or the folder holding one (for --compare)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "profile.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ProfileError(f"cannot read a profile from {path}: {e}") from None
-
-
-def differences(report: dict[str, Any], before: dict[str, Any]) -> list[str]:
-    """What differs between two profiles besides the code: shape, model and engine settings."""
-    out = [
-        f"{key}: {before['shape'][key]} before, {report['shape'][key]} now"
-        for key in ("batch", "context", "prefill")
-        if before["shape"].get(key) != report["shape"][key]
-    ]
-    for key in ("model", "dtype", "quantization", "enforce_eager"):
-        old, new = before["engine"].get(key), report["engine"].get(key)
-        if old != new:
-            out.append(f"{key}: {old} before, {new} now")
-    if before["peak"].get("threads") != report["peak"]["threads"]:
-        out.append(
-            f"threads: {before['peak'].get('threads')} before, {report['peak']['threads']} now"
-        )
-    return out
-
-
-def render(report: dict[str, Any], before: dict[str, Any] | None = None) -> tuple[Table, list[str]]:
-    """The table by category and the lines under it, from what `run_profile` stores; with
-    `before` (an earlier profile), its times beside and the step's speed-up."""
-    shape, peak, rates = report["shape"], report["peak"], report["analysis"]["rates"]
-    total = sum(report["category_s"].values())  # the timed pass's mean step
-    parts = [f"{shape['batch']} decodes at ~{shape['context']} tokens of context"] * bool(
-        shape["batch"]
-    ) + [f"a {shape['prefill']}-token prefill chunk"] * bool(shape["prefill"])
-    title = f"one step: {' + '.join(parts)}, mean of {shape['steps']} steps"
-    table = Table(title=title)
-    for col in ("category", "ms/step", "% of step", "in torch ops ms", "Python & dispatch ms"):
-        table.add_column(col, justify="left" if col == "category" else "right")
-    table.add_column("GFLOP/s (% of matmul peak)", justify="right")
-    table.add_column("GB/s (% of read peak)", justify="right")
-    was = before["category_s"] if before else {}
-    if before:
-        table.add_column("before ms/step", justify="right")
-    for category in CATEGORIES:
-        took = report["category_s"][category]
-        if not took and not was.get(category):
-            continue  # not on this path (compiled decode steps have no separate attention)
-        ops = min(report["ops_s"][category], took)
-        rate = rates.get(category, {})
-        flops, moved = rate.get("flops_per_s"), rate.get("bytes_per_s")
-        table.add_row(
-            category,
-            f"{took * 1e3:.2f}",
-            f"{100 * took / total:.1f}",
-            f"{ops * 1e3:.2f}",
-            f"{(took - ops) * 1e3:.2f}",
-            f"{flops / 1e9:.1f} ({100 * flops / peak['peak_flops']:.0f} %)" if flops else "",
-            f"{moved / 1e9:.1f} ({100 * moved / peak['peak_read_bytes_per_s']:.0f} %)"
-            if moved
-            else "",
-            *([f"{was.get(category, 0.0) * 1e3:.2f}"] if before else []),
-        )
-    before_total = [f"{sum(was.values()) * 1e3:.2f}"] if before else []
-    table.add_row("all", f"{total * 1e3:.2f}", "", "", "", "", "", *before_total)
-    a = report["analysis"]
-    lines = [
-        f"step {report['step_s'] * 1e3:.1f} ms (median; with the category timers "
-        f"{report['timed_step_s'] * 1e3:.1f} ms median, {total * 1e3:.1f} mean; "
-        f"{report['profiled_step_s'] * 1e3:.1f} ms under the profiler)",
-        f"memory floor: {a['floor_bytes'] / 2**20:.0f} MiB read per step (weights, KV) at "
-        f"{peak['peak_read_bytes_per_s'] / 1e9:.1f} GB/s = {a['floor_s'] * 1e3:.1f} ms: "
-        f"the step takes {a['floor_ratio']:.2f}x the floor",
-        f"peaks measured now: matmul {peak['peak_flops'] / 1e9:.0f} GFLOP/s "
-        f"({peak['dtype']}, n={peak['matmul_n']}), read {peak['peak_read_bytes_per_s'] / 1e9:.1f} "
-        f"GB/s, copy {peak['peak_bytes_per_s'] / 1e9:.1f} GB/s (read + write), "
-        f"{peak['threads']} threads",
-    ]
-    if before:
-        was_step = before["step_s"]
-        lines.insert(
-            1,
-            f"before: step {was_step * 1e3:.1f} ms (median), now {report['step_s'] * 1e3:.1f} ms: "
-            f"{was_step / report['step_s']:.2f}x as fast (profiles of separate runs: on a busy "
-            f"machine, compare several, or benchmarks/decode_paths.py for steps taken in turn)",
-        )
-        for diff in differences(report, before):
-            lines.insert(2, f"[yellow]warning: the two profiles differ in more than the code: "
-                         f"{escape(diff)}[/yellow]")  # fmt: skip
-    return table, lines

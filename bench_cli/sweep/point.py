@@ -16,11 +16,11 @@ from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
 from bench_cli.local_server import ServerProcess, ServerStartError
-from bench_cli.run_command import exit_code, resolve_config, run_one
-from bench_cli.serve_cmd import ServeCommand
-from bench_cli.sweep_grid import SweepPoint
-from bench_cli.sweep_row import aggregate
-from bench_cli.vllm_json import check_vllm_json_path
+from bench_cli.run.execute import exit_code, resolve_config, run_one
+from bench_cli.run.vllm_json import check_vllm_json_path
+from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.row import aggregate
+from bench_cli.sweep.serve_cmd import ServeCommand
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ class Sweep:
     console: Console
     serve: ServeCommand | None = None  # --serve-cmd: a server of ours started per run
     # where the runs write, when not in sweep_dir itself: a Ray task's folder on its node,
-    # shipped to the driver's sweep_dir after (bench_cli/sweep_ray.py); configs name sweep_dir
+    # shipped to the driver's sweep_dir after (bench_cli/sweep/ray.py); configs name sweep_dir
     stage: Path | None = None
 
     def run(self, point: SweepPoint, k: int, total: int) -> dict[str, Any] | int:

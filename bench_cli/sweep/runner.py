@@ -16,7 +16,7 @@ chunk sizes next to no chunking at all:
 Each point (and each of its `--repeat` runs) writes an ordinary run folder; `sweep.csv` holds
 one row a point, rewritten after every point, so an interrupted sweep keeps what finished
 and `--resume DIR` skips it. `--rates` gives the load axis on the command line, as a list or
-found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep_rates)."""
+found automatically (`auto:N`, guidellm's sweep: see bench_cli.sweep.rates)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
-from bench_cli.interrupts import Interrupted, raising_on_signals
-from bench_cli.run_command import INVALID_EXIT, exit_code, resolve_config
-from bench_cli.serve_cmd import ServeCommand
-from bench_cli.sweep_grid import LOAD_AXES, SweepPoint, grid, load_sweep
-from bench_cli.sweep_point import Sweep, point_flags
-from bench_cli.sweep_rates import (
+from bench_cli.run.execute import INVALID_EXIT, exit_code, resolve_config
+from bench_cli.run.interrupts import Interrupted, raising_on_signals
+from bench_cli.sweep.grid import LOAD_AXES, SweepPoint, grid, load_sweep
+from bench_cli.sweep.point import Sweep, point_flags
+from bench_cli.sweep.rates import (
     RateSpec,
     anchor_points,
     anchors_record,
@@ -45,10 +44,11 @@ from bench_cli.sweep_rates import (
     auto_axes,
     check_load_flags,
 )
-from bench_cli.sweep_table import invalid, print_comparison
-from bench_cli.sweep_verdict import print_verdict
-from bench_cli.sweep_verdict import slo_target_of as target_of
-from loadgen.config import setting_names
+from bench_cli.sweep.serve_cmd import ServeCommand
+from bench_cli.sweep.table import invalid, print_comparison
+from bench_cli.sweep.verdict import print_verdict
+from bench_cli.sweep.verdict import slo_target_of as target_of
+from loadgen.profiles import setting_names
 from loadgen.redact import redact_settings, redact_url
 
 
@@ -66,7 +66,7 @@ def run_sweep(
     ray_address: str | None = None,
 ) -> int:
     """`target`: --slo-target, the share of requests in SLO that makes a load served;
-    `ray_address`: the points at once as Ray tasks (bench_cli/sweep_ray.py)."""
+    `ray_address`: the points at once as Ray tasks (bench_cli/sweep/ray.py)."""
     with raising_on_signals():
         try:
             return _run_sweep(
@@ -104,7 +104,7 @@ def _run_sweep(
 ) -> int:
     import pandas as pd
 
-    from bench_cli.sweep_search import SearchSpec
+    from bench_cli.sweep.search import SearchSpec
     from engine.model.sources import ModelLoadError
 
     try:
@@ -156,7 +156,7 @@ def _run_sweep(
         for point in grid(planned):  # every point's config must resolve before the first runs
             cfg = resolve_config(base, _check_flags(flags, point, sweep_dir, serve))
             if ray_address is not None:
-                from bench_cli.sweep_ray import check_ray_sweep
+                from bench_cli.sweep.ray import check_ray_sweep
 
                 check_ray_sweep(cfg, bool(auto), found_by is not None)
                 if serve is None and cfg.base_url and len(grid(planned)) * repeat > 1:
@@ -180,7 +180,7 @@ def _run_sweep(
     axes = plan["axes"]
     rows: list[dict[str, Any]] = []
     if found_by is not None:
-        from bench_cli.sweep_search import run_search
+        from bench_cli.sweep.search import run_search
 
         save = functools.partial(_write_csv, sweep_dir, rows, pd)
         code = run_search(
@@ -202,7 +202,7 @@ def _run_sweep(
     load_axes = [a for a in axes if a in LOAD_AXES]
     print_comparison(console, rows, list(axes), load_axes, target_of(plan))
     print_verdict(console, rows, list(axes), plan)
-    from bench_cli.report import sweep_report
+    from bench_cli.report.sweep import sweep_report
 
     if found_by is not None:  # the rates tested, for the report's load axis
         write_json(sweep_dir / "sweep.json", plan | {"report_axes": axes})
@@ -222,7 +222,7 @@ def _run_on_ray(
 ) -> int | None:
     """The points at once as Ray tasks; `rows` filled in grid order (sweep.csv rewritten as
     each point ends, as a serial sweep does); the exit code when the sweep ended early."""
-    from bench_cli.sweep_ray import run_points
+    from bench_cli.sweep.ray import run_points
 
     if shared is not None:
         sweep.console.print(

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_cli.sweep_grid import SweepPoint, grid
+from bench_cli.sweep.grid import SweepPoint, grid
 
 SYNC = "sync"  # the synchronous point's value on the rate axis (it has no rate)
 # The synchronous point as a bundle: grid() names it by its label and gives its runs the rest.

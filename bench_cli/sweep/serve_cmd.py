@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from bench_cli.local_server import ServerProcess, free_port
-from bench_cli.sweep_grid import SweepPoint
+from bench_cli.sweep.grid import SweepPoint
 
 PORT = "port"  # the placeholder filled with a free port, not from the grid
 

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench_cli.sweep_rates import SYNC
+from bench_cli.sweep.rates import SYNC
 from loadgen import metric_registry
 
 # (column, sweep.csv key, scale, format); which way is better is the metric registry's

@@ -21,8 +21,8 @@ def run_calibration_load(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """profiles/calibrate.toml's phases against the bundled engine (served, as `bench run`
     runs it), a run each: their measured steps, and the resolved engine settings."""
-    from bench_cli.run_command import resolve_config, run_one
-    from loadgen.config import load_profile
+    from bench_cli.run.execute import resolve_config, run_one
+    from loadgen.profiles import load_profile
 
     profile = load_profile("calibrate")
     phases = profile.pop("phase", None) or [{}]

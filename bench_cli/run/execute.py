@@ -16,11 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import environment, run_dir, write_json, write_summary
-from bench_cli.interrupts import Interrupted, raising_on_signals
 from bench_cli.local_server import LocalServer, ServerStartError
+from bench_cli.run.interrupts import Interrupted, raising_on_signals
 from bench_cli.tables import print_result, sim_title
 from loadgen.arrivals import arrival_process
-from loadgen.config import RunConfig, build_config, load_profile
+from loadgen.config import RunConfig
+from loadgen.profiles import build_config, load_profile
 from loadgen.redact import printable, redact_url
 
 BUNDLED_MODEL = "smollm2-135m"
@@ -53,7 +54,7 @@ def _execute(
                 f"run it with `bench sweep --profile {profile}`, or give {keys} here)"
             ) from None
         if cfg.save_vllm_json:
-            from bench_cli.vllm_json import check_vllm_json_path
+            from bench_cli.run.vllm_json import check_vllm_json_path
 
             check_vllm_json_path(cfg.save_vllm_json, cfg.out, cfg.overwrite_vllm_json)
         out_dir = run_dir(cfg.out, cfg.name)
@@ -78,7 +79,7 @@ def _execute(
         target = f"{cfg.model}, transformers generate, static batches of {cfg.naive_batch}"
     print_result(console, summary, f"{cfg.name}: {target}, {_load_text(cfg)}")
     if explain:
-        from bench_cli.explain import explain as explain_lines
+        from bench_cli.run.explain import explain as explain_lines
 
         for line in explain_lines(summary, _load_text(cfg)):
             console.print(escape(line), highlight=False)
@@ -127,8 +128,9 @@ def run_one(
 def _run_one(
     cfg: RunConfig, out_dir: Path, dashboard: bool, console: Console, report: bool
 ) -> dict[str, Any]:
-    from bench_cli.tokenizer_choice import resolve_tokenizer
-    from loadgen.benchmark import Target, build_plan, connect, measure
+    from bench_cli.run.tokenizer_choice import resolve_tokenizer
+    from loadgen.benchmark import Target, connect, measure
+    from loadgen.plan import build_plan
     from loadgen.server_info import ServerInfo
 
     server_info = _detected_server(cfg, console) if cfg.base_url else None
@@ -209,14 +211,14 @@ def _run_one(
         summary["cold_start"] = not cfg.base_url and cfg.warmup == 0
         write_summary(out_dir, summary)  # before the server's (slow) shutdown
         if cfg.save_vllm_json:
-            from bench_cli.vllm_json import write_vllm_json
+            from bench_cli.run.vllm_json import write_vllm_json
 
             write_vllm_json(cfg.save_vllm_json, summary, outcome.records)
     finally:
         if server is not None:
             server.stop()
     if report:
-        from bench_cli.report import run_report
+        from bench_cli.report.run import run_report
 
         run_report(out_dir, records=outcome.records)
     return summary
@@ -299,8 +301,8 @@ def _live_view(cfg: RunConfig, console: Console) -> Any:
 
 
 def _sim_view(cfg: RunConfig, console: Console) -> Any:
-    """A simulated run's progress line (bench_cli/sim_progress.py)."""
-    from bench_cli.sim_progress import SimProgress
+    """A simulated run's progress line (bench_cli/run/sim_progress.py)."""
+    from bench_cli.run.sim_progress import SimProgress
 
     def start(runner: Any, telemetry: Any) -> asyncio.Task:
         return asyncio.create_task(SimProgress(runner, cfg.name, console).run())
@@ -315,7 +317,7 @@ def _device_peak(engine: dict[str, Any], console: Console) -> dict[str, Any] | N
     import torch
 
     from bench_cli.device_peak import device_peak
-    from engine.engine import resolve_dtype
+    from engine.resolve import resolve_dtype
 
     device = engine.get("device") or "auto"
     if device == "auto":

@@ -1,6 +1,6 @@
 """A sweep profile's points: the product of its `[sweep]` axes, bundles spread out.
 
-Kept apart from `bench_cli.sweep` (which runs the points) so the report can rebuild a sweep's
+Kept apart from `bench_cli.sweep.runner` (which runs the points) so the report can rebuild a sweep's
 points from sweep.json without importing the runner, and the runner can import the report."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen.config import load_profile
+from loadgen.profiles import load_profile
 
 LOAD_AXES = ("rate", "concurrency")
 

@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.graph_objects import Figure
 
-from bench_cli.sweep_table import invalid
+from bench_cli.sweep.table import invalid
 
 X_TITLE = "output tok/s per user (1 / TPOT p50)"
 Y_TITLE = "output tok/s (server)"

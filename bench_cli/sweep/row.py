@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bench_cli.sweep_grid import SweepPoint
+from bench_cli.sweep.grid import SweepPoint
 from loadgen import metric_registry
 from loadgen.metrics import STATS
 
