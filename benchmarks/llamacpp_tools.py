@@ -148,7 +148,10 @@ def setup(root: Path, spec: str, model: str, jobs: int) -> None:
             "build_s": round(built - t0), "total_s": round(time.monotonic() - t0)}  # fmt: skip
     (root / "setup.json").write_text(json.dumps(info, indent=2))
     print(f"\nllama.cpp {dict(versions)} from {sdist.name}: sources {source}")
-    print(f"built in {build} ({info['build_s']:.0f} s with download): " + ", ".join(bins.values()))
+    print(
+        f"built in {build} ({info['build_s']:.0f} s with download): "
+        + ", ".join(map(str, bins.values()))
+    )
     print(f"{src_gguf.name} converted: " + ", ".join(models.values()))
     print(f"written {root / 'setup.json'} (what --llamacpp-dir {root} reads)")
 
