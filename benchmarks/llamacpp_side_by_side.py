@@ -22,7 +22,10 @@ each at positions P .. P+G-1); tok/s = tokens generated in those steps / their s
 sides alternate (which goes first flips each round) for `--rounds` rounds; each round prints
 both figures and the load average (the machine may be shared), then the medians and the ratio
 ours / llama.cpp per (dtype, B), and `--json` gets everything. llama.cpp's KV cache has the
-model's dtype (`-ctk/-ctv`; its default is f16: `--llamacpp-kv default`). batched-bench samples
+model's dtype (`-ctk/-ctv`; its default is f16: `--llamacpp-kv default`). Our engine picks
+OpenMP's wait policy by the machine's load (engine/omp_wait.py) and prints it; llama.cpp keeps
+libgomp's default (spinning) unless `--llamacpp-env OMP_WAIT_POLICY=PASSIVE`: on a busy machine
+that alone changed its speed ~5x (docs/results/2026-12-07-llamacpp.md). batched-bench samples
 no tokens, so no greedy outputs are compared. Every child is stopped on every exit path."""
 
 from __future__ import annotations
@@ -258,7 +261,7 @@ def one_pair(args: argparse.Namespace, setup_info: dict, side: EngineSide, dtype
             row = next(x for x in got["rows"] if x["b"] == batch)
             rec.update(llamacpp_tok_s=got["tok_s"], llamacpp_decode_s=row["t_tg_s"],
                        llamacpp_prefill_s=row["t_pp_s"], llamacpp_settings=got["settings"],
-                       llamacpp_command=got["command"])  # fmt: skip
+                       llamacpp_command=got["command"], llamacpp_env=got["env"])  # fmt: skip
     rec["load"] = os.getloadavg()
     return rec
 
@@ -282,6 +285,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="each side's threads")
     p.add_argument("--llamacpp-kv", choices=["match", "default"], default="match",
                    help="llama.cpp's KV cache: the model's dtype, or its f16")  # fmt: skip
+    p.add_argument("--llamacpp-env", action="append", default=[], metavar="VAR=VALUE",
+                   help="llama.cpp's environment, e.g. OMP_WAIT_POLICY=PASSIVE")  # fmt: skip
     p.add_argument("--json", help="default: results/llamacpp-side-by-side-<time>.json")
     args = p.parse_args()
     sys.path.insert(0, str(HERE.parent))  # the repository: engine, bench_cli

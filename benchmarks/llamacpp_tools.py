@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import platform
 import re
 import shutil
@@ -184,12 +185,13 @@ def run_llamacpp(setup_info: dict, args: argparse.Namespace, dtype: str, batch: 
            "-c", str(batch * (pp + tg))]  # fmt: skip
     if args.llamacpp_kv == "match":
         cmd += ["-ctk", KV_TYPES[dtype], "-ctv", KV_TYPES[dtype]]
+    extra = dict(v.split("=", 1) for v in args.llamacpp_env)  # e.g. OMP_WAIT_POLICY=PASSIVE
     with log.open("w") as f:
-        code = run_group(cmd, stdout=f, stderr=subprocess.STDOUT)
+        code = run_group(cmd, env={**os.environ, **extra}, stdout=f, stderr=subprocess.STDOUT)
     text = log.read_text(errors="replace")
     if code:
         tail = "\n".join(text.splitlines()[-15:])
         raise SystemExit(f"llama-batched-bench failed ({code}): {' '.join(cmd)}\n{tail}")
     rows = parse_batched_bench(text)
     return {"tok_s": decode_tok_s(rows, pp, tg, batch), "rows": rows,
-            "settings": bench_settings(text), "command": cmd}  # fmt: skip
+            "settings": bench_settings(text), "command": cmd, "env": extra}  # fmt: skip
