@@ -87,7 +87,8 @@ LEAF_CHILDREN = {
     ("vllm_side_by_side.py", "run"),  # pip installs of --setup-vllm-env
     ("noisy_neighbour.py", "Popen"),  # its own group and stop_group, like child_procs
     ("noisy_neighbour.py", "run"),  # `python -c "import vllm"`
-    ("llamacpp_side_by_side.py", "run"),  # pip, cmake and llama.cpp's own tools
+    ("llamacpp_side_by_side.py", "Popen"),  # the engine side: own group, stop_group
+    ("llamacpp_tools.py", "run"),  # set-up: pip, cmake, llama-quantize, --version
 }
 
 
