@@ -21,6 +21,11 @@ from rich.console import Console
 
 from bench_cli.run_command import execute
 
+# What a test of a run through the bundled server adds when it checks no compiled path: the
+# server's start then skips torch.compile (tens of seconds on a busy 2-core machine, at every
+# start). test_run_against_the_bundled_engine keeps the default, compiled, path.
+EAGER = {"enforce_eager": True}
+
 SMALL = {
     "model": "tiny-smollm2",
     "rate": 20.0,
@@ -288,7 +293,7 @@ def test_a_shared_prefix_run_reports_the_servers_cached_tokens(tmp_path: Path) -
     """bench serve's usage says how many prompt tokens its prefix cache served; the summary
     adds them up and prints their share, and the telemetry gives the run's hit rate."""
     rc, printed, run = bench_run(
-        tmp_path, max_num_seqs=8, shared_prefix_len=48, num_prefix_groups=1, warmup=0
+        tmp_path, max_num_seqs=8, shared_prefix_len=48, num_prefix_groups=1, warmup=0, **EAGER
     )
     assert rc == 0, printed
     summary = json.loads((run / "summary.json").read_text())
@@ -302,7 +307,7 @@ def test_a_shared_prefix_run_reports_the_servers_cached_tokens(tmp_path: Path) -
 @pytest.mark.parametrize("target", ["in-process", "HTTP"])
 def test_n_asks_every_prompt_for_n_completions(tmp_path: Path, target: str) -> None:
     """--n: parallel sampling through each door; each record counts its n completions."""
-    flags = {"in_process": True} if target == "in-process" else {}
+    flags = {"in_process": True} if target == "in-process" else EAGER
     rc, printed, run = bench_run(tmp_path, n=3, num_requests=3, warmup=0, **flags)
     assert rc == 0, printed
     summary = json.loads((run / "summary.json").read_text())
@@ -319,7 +324,7 @@ def test_speculative_decoding_shows_its_acceptance_in_the_summary(
     """--speculative-config reaches the engine through each door; the summary gives the
     run's acceptance (from the server's /metrics, or the in-process engine's counters) and
     says that multi-token chunks came from speculation."""
-    flags = {"in_process": True} if target == "in-process" else {}
+    flags = {"in_process": True} if target == "in-process" else EAGER
     spec = '{"method": "draft_layers", "num_speculative_tokens": 3, "num_draft_layers": 1}'
     rc, printed, run = bench_run(
         tmp_path, output_len="24", warmup=0, speculative_config=spec, **flags
@@ -345,7 +350,9 @@ def test_speculative_decoding_shows_its_acceptance_in_the_summary(
 def test_tensor_parallel_serving_reports_its_config_and_stops_its_workers(tmp_path: Path) -> None:
     """--tensor-parallel-size 2 through bench run: a server with a worker process, the
     run's config and /metrics say so, and the workers end with the server."""
-    rc, printed, run = bench_run(tmp_path, tensor_parallel_size=2, num_requests=6, warmup=0)
+    rc, printed, run = bench_run(
+        tmp_path, tensor_parallel_size=2, num_requests=6, warmup=0, **EAGER
+    )
     assert rc == 0, printed
     summary = json.loads((run / "summary.json").read_text())
     assert summary["completed"] == 6 and summary["total_output_tokens"] == 36

@@ -60,7 +60,8 @@ def test_a_serve_cmd_sweep_of_bench_serve_runs_each_point_on_its_own_server(
     tmp_path: Path,
 ) -> None:
     after = f"echo reset >> {tmp_path / 'resets'}"
-    serve = ServeCommand(SERVE + " --max-num-seqs {max_num_seqs}", None, None, 120, after)
+    template = SERVE + " --enforce-eager --max-num-seqs {max_num_seqs}"  # no compile: quicker
+    serve = ServeCommand(template, None, None, 120, after)
     rc, printed = sweep(tmp_path, PROFILE, serve)
     assert rc == 0, printed
     table = pd.read_csv(tmp_path / "sweep" / "sweep.csv")

@@ -30,6 +30,9 @@ from engine import LLM, SamplingParams
 
 SMOL = "smollm2-135m"
 TINY = "tiny-llama"  # random weights, vocab 512, no tokenizer, context 1024
+# Servers whose tests check HTTP, admission and keys, not what is computed: their start skips
+# torch.compile (tens of seconds a start on a busy 2-core machine).
+EAGER = "--enforce-eager"
 SMOL_CONTEXT = 8192
 STARTUP_S = 120.0
 SHUTDOWN_S = 20.0
@@ -134,7 +137,7 @@ def client(smol: Server) -> Iterator[openai.OpenAI]:
 @pytest.fixture(scope="module")
 def queue_of_two(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("queue")
-    args = ["--model", TINY, "--dtype", "float32", "--max-num-seqs", "1", "--max-queue", "2"]
+    args = ["--model", TINY, "--dtype", "float32", "--max-num-seqs", "1", "--max-queue", "2", EAGER]
     with bench_serve(tmp, *args) as s:
         s.wait_healthy()
         yield s
@@ -146,7 +149,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("keyed")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SERVEBENCH_API_KEY", "secret")
-        with bench_serve(tmp, "--model", TINY, "--dtype", "float32") as s:
+        with bench_serve(tmp, "--model", TINY, "--dtype", "float32", EAGER) as s:
             s.wait_healthy()
             mp.undo()
             yield s

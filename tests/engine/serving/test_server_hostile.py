@@ -28,6 +28,7 @@ from engine.sampler import probabilities
 from engine.serving import guard
 from engine.serving.limits import API_KEY_ENV, ServerLimits
 from tests.engine.serving.test_server import (
+    EAGER,
     TINY,
     Reply,
     Server,
@@ -55,7 +56,7 @@ BASE = '{"prompt": [1, 2, 3], "max_tokens": 2, "ignore_eos": true'  # a field is
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("hostile")
     args = [
-        "--model", TINY, "--dtype", "float32",
+        "--model", TINY, "--dtype", "float32", EAGER,
         "--body-timeout", str(BODY_TIMEOUT_S),
         "--max-body-reads", str(MAX_BODY_READS),
         "--max-body-bytes", str(MAX_BODY_BYTES),
