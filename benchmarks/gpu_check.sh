@@ -39,8 +39,8 @@ $PY -c "import torch; print('torch', torch.__version__, '| CUDA', torch.cuda.is_
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 echo "== tests: CUDA-marked, and the Triton kernels and backend"
-$PY -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_triton_kernels.py \
-  tests/test_triton_backend.py -rs 2>&1 | tail -15
+$PY -m pytest -q -p no:cacheprovider tests/engine/test_cuda.py tests/engine/ops/test_triton_kernels.py \
+  tests/engine/ops/test_triton_backend.py -rs 2>&1 | tail -15
 
 echo "== measurements"
 $PY benchmarks/gpu_check.py --out "$OUT" "$@"

@@ -244,7 +244,7 @@ def supported(model: LlamaForCausalLM, kv_cache: KVCache) -> bool:
 def _check(kind: str, got: torch.Tensor, want: torch.Tensor, cache_dtype: torch.dtype) -> None:
     """Within a few roundings of the model's dtype, and of the cache's: a bf16 cache under a
     float32 model put the compiled decode 2e-4 (relative) from the eager one (cause not
-    traced; tests/test_fp8.py's budget test, run alone, refused to start on it). An fp8
+    traced; tests/engine/test_fp8.py's budget test, run alone, refused to start on it). An fp8
     cache's allowance is bf16's: both sides read the same e4m3 values, and a value the write
     rounds the other way moves the output less than that."""
     cache_eps = min(torch.finfo(cache_dtype).eps, torch.finfo(torch.bfloat16).eps)

@@ -9,7 +9,7 @@ two arriving every step, so a decode-only stretch never lasts).
 The rest of each step (prefill chunks, admissions from the queue, finishes, outputs) goes
 through the scheduler's and the engine's own code. A step that would preempt anyone, or a
 running batch the group cannot describe, returns None: the engine brings the members up to
-date (`dissolve`) and takes a real step. tests/test_sim.py checks every step log line and
+date (`dissolve`) and takes a real step. tests/engine/sim/test_sim.py checks every step log line and
 request record against stepping with the group off."""
 
 from __future__ import annotations

@@ -1,0 +1,82 @@
+"""OpenMP's wait policy (engine/omp_wait.py): set at `import engine` so torch's libgomp reads
+it, where the machine is busy; a user's choice kept; greedy tokens the same either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from engine.omp_wait import choose
+
+ROOT = Path(__file__).resolve().parents[2]
+OMP_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "SERVEBENCH_OMP_PASSIVE", "OMP_DISPLAY_ENV")
+
+
+def run(code: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in OMP_VARS}
+    base["OMP_DISPLAY_ENV"] = "VERBOSE"  # libgomp prints the settings it runs with, on load
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**base, **env}, capture_output=True,
+        text=True, timeout=300, check=True,
+    )  # fmt: skip
+
+
+def spincount(done: subprocess.CompletedProcess) -> int:
+    return int(re.search(r"GOMP_SPINCOUNT = '(\d+)'", done.stderr).group(1))
+
+
+def test_import_engine_can_make_torchs_openmp_threads_sleep_when_idle() -> None:
+    done = run("import engine, torch; print(engine.omp_wait.state.policy)",
+               SERVEBENCH_OMP_PASSIVE="1")  # fmt: skip
+    assert done.stdout.strip() == "passive"
+    assert spincount(done) == 0  # libgomp's own default is 300000 spins
+
+
+def test_threads_sleep_by_default_only_where_the_machine_is_busy() -> None:
+    assert choose({}, load=1.5, torch_loaded=False).policy == "passive"
+    assert choose({}, load=0.1, torch_loaded=False).policy == "default"
+    assert choose({"SERVEBENCH_OMP_PASSIVE": "1"}, 0.0, False).policy == "passive"
+    assert choose({"SERVEBENCH_OMP_PASSIVE": "0"}, 9.0, False).policy == "default"
+    late = choose({}, load=1.5, torch_loaded=True)
+    assert late.policy == "default" and "imported before engine" in late.reason
+
+
+def test_a_users_wait_policy_is_kept() -> None:
+    done = run("import engine, torch", GOMP_SPINCOUNT="12345")
+    assert spincount(done) == 12345
+
+
+def test_opting_out_leaves_libgomps_default() -> None:
+    done = run("import engine, torch", SERVEBENCH_OMP_PASSIVE="0")
+    assert spincount(done) > 0
+
+
+def test_torch_imported_first_is_reported_not_hidden() -> None:
+    done = run("import torch, engine; print(engine.omp_wait.state.reason)",
+               SERVEBENCH_OMP_PASSIVE="1")  # fmt: skip
+    assert "imported before engine" in done.stdout
+    assert spincount(done) > 0
+
+
+GENERATE = """
+import json, engine, torch
+from engine import LLM, SamplingParams
+torch.set_num_threads(2)
+llm = LLM("tiny-llama", dtype="float32", max_num_seqs=4, enable_prefix_caching=False)
+prompts = [[5 + i, 17, 33 + 2 * i, 8, 91] * 6 for i in range(4)]
+params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+print(json.dumps([o.outputs[0].token_ids for o in llm.generate(prompts, params)]))
+"""
+
+
+def test_greedy_tokens_do_not_depend_on_the_wait_policy() -> None:
+    passive = run(GENERATE, SERVEBENCH_OMP_PASSIVE="1")
+    spinning = run(GENERATE, SERVEBENCH_OMP_PASSIVE="0")
+    assert spincount(passive) == 0 and spincount(spinning) > 0
+    tokens = json.loads(passive.stdout.splitlines()[-1])
+    assert tokens == json.loads(spinning.stdout.splitlines()[-1])
+    assert len(tokens) == 4 and all(len(t) == 12 for t in tokens)
