@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -35,15 +35,21 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def raising_on_signals() -> Iterator[None]:
-    """Install the handlers for the block (main thread only: elsewhere they cannot be)."""
+def handling_signals(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """`handler` for SIGINT and SIGTERM in the block, the previous ones back after (main
+    thread only: elsewhere no handler can be set, and the block runs without)."""
     try:
-        previous = {s: signal.signal(s, _raise) for s in SIGNALS}
+        previous = {s: signal.signal(s, handler) for s in SIGNALS}
     except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, before in previous.items():
+            signal.signal(s, before)
+
+
+def raising_on_signals() -> contextlib.AbstractContextManager[None]:
+    """Both signals raise `Interrupted` in the block."""
+    return handling_signals(_raise)

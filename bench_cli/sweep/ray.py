@@ -19,10 +19,9 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich.console import Console
@@ -30,6 +29,7 @@ from rich.markup import escape
 
 from bench_cli.export import write_summary
 from bench_cli.run.execute import exit_code
+from bench_cli.run.interrupts import handling_signals
 from bench_cli.sweep.grid import SweepPoint
 from bench_cli.sweep.point import Sweep, finished
 from bench_cli.sweep.row import aggregate
@@ -224,24 +224,10 @@ def _gather(
     return None
 
 
-@contextlib.contextmanager
-def _noting_signals(into: list[int]) -> Iterator[None]:
+def _noting_signals(into: list[int]) -> contextlib.AbstractContextManager[None]:
     """Ctrl-C and SIGTERM noted, not raised, while the driver waits on Ray: an exception
     raised from a handler inside Ray's wait leaves it a SystemError, and the tasks running."""
-
-    def note(signum: int, frame: FrameType | None) -> None:
-        into.append(signum)
-
-    try:
-        previous = {s: signal.signal(s, note) for s in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread: no handler can be set
-        yield
-        return
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return handling_signals(lambda signum, frame: into.append(signum))
 
 
 def _out(sweep: Sweep, point: SweepPoint, k: int) -> Path:
