@@ -187,7 +187,8 @@ def run_llamacpp(setup_info: dict, args: argparse.Namespace, dtype: str, batch: 
         cmd += ["-ctk", KV_TYPES[dtype], "-ctv", KV_TYPES[dtype]]
     extra = dict(v.split("=", 1) for v in args.llamacpp_env)  # e.g. OMP_WAIT_POLICY=PASSIVE
     with log.open("w") as f:
-        code = run_group(cmd, env={**os.environ, **extra}, stdout=f, stderr=subprocess.STDOUT)
+        env = {**os.environ, **extra}
+        code = run_group(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
     text = log.read_text(errors="replace")
     if code:
         tail = "\n".join(text.splitlines()[-15:])
