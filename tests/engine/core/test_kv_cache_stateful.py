@@ -262,7 +262,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(users) == pool.num_used
         for b in range(pool.num_blocks):
             assert pool.ref_counts[b] == users.get(b, 0), f"block {b}: reference count"
-        free = list(pool._free)
+        free = pool.free_queue()
         assert len(free) == len(set(free)), "the free queue has a duplicate"
         assert set(free) == set(range(pool.num_blocks)) - set(users)
         # Every findable block holds exactly the tokens its hash names, and only full,
