@@ -92,12 +92,13 @@ class TPWorkers:
                 )
 
     def stop(self) -> None:
-        """Tell the workers to stop, wait a little, then kill what is left."""
-        if self.group is not None:
-            if all(p.poll() is None for p in self.procs):
-                # A worker gone mid-collective: the rest are killed below.
-                with contextlib.suppress(Exception):
-                    self.group.broadcast(("stop",))
+        """Tell the workers to stop, wait a little, then kill what is left. The driver's end
+        of the group closes after the workers have gone: closed first, a worker still leaving
+        its collective can find the connection cut and abort (seen on a busy machine)."""
+        if self.group is not None and all(p.poll() is None for p in self.procs):
+            with contextlib.suppress(Exception):
+                self.group.broadcast(("stop",))
+        elif self.group is not None:  # a worker gone mid-collective: cut the rest off
             self.group.destroy()
             self.group = None
         for proc in self.procs:
@@ -106,6 +107,9 @@ class TPWorkers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.group is not None:
+            self.group.destroy()
+            self.group = None
         self._dir.cleanup()
 
 
