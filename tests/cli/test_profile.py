@@ -29,6 +29,7 @@ def _trace_names(report: dict) -> set[str]:
     return {e["name"] for e in events if e.get("ph") == "X"}
 
 
+@pytest.mark.serial  # profiled op times against the timed step
 def test_the_compiled_forward_is_split_into_linears_and_the_fused_rest(tmp_path: Path) -> None:
     report, output = _profile(tmp_path, "--batch", "3", "--context", "20")
     assert report["shape"]["batch"] == 3 and report["engine"]["enforce_eager"] is False

@@ -114,6 +114,7 @@ def test_one_aborted_choice_fails_the_request() -> None:
     assert r.status == "error" and "abort" in (r.error or "")
 
 
+@pytest.mark.serial  # chunk gaps of 20 ms, seen apart
 def test_the_mock_server_streams_n_choices(mock_server: Callable[..., str]) -> None:
     url = mock_server("--ttft", "0.05", "--itl", "0.02")
     r = asyncio.run(_send(url, RequestSpec(" a b c", 3, 5, n=3, priority=1)))
