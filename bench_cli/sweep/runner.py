@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
-from bench_cli.run.execute import INVALID_EXIT, exit_code, resolve_config
+from bench_cli.run.execute import INVALID_EXIT, resolve_config
 from bench_cli.run.interrupts import Interrupted, raising_on_signals
 from bench_cli.sweep.grid import LOAD_AXES, SweepPoint, grid, load_sweep
 from bench_cli.sweep.point import Sweep, point_flags
@@ -254,15 +254,9 @@ def _find_anchors(
     points = anchor_points(settings, spec.auto)
     achieved = []
     for point in points:
-        summaries = []
-        for k in range(sweep.repeat):
-            summary = sweep.run(point, k, total)
-            if isinstance(summary, int):
-                return summary
-            if summary["interrupted"]:
-                sweep.console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
-                return exit_code(summary)
-            summaries.append(summary)
+        summaries = sweep.summaries(point, total)
+        if isinstance(summaries, int):
+            return summaries
         rate = float(np.mean([s["request_throughput"] for s in summaries]))
         if not rate > 0:
             sweep.console.print(
