@@ -32,9 +32,11 @@ from child_procs import group_child
 
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import OpenAIBackend
+from loadgen.event_loop import run_event_loop
+from loadgen.load_plan import LoadPlan
 from loadgen.metrics import summarize
 from loadgen.records import RecordWriter
-from loadgen.runner import LoadPlan, LoadRunner, run_event_loop
+from loadgen.runner import LoadRunner
 from loadgen.split_runner import SplitRunner
 from loadgen.workload import RequestSpec
 

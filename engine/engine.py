@@ -1,8 +1,10 @@
 """`LLMEngine` (add_request / step / abort), shaped like vLLM's; the offline `LLM` is in llm.py.
 
-Over 400 lines, as one class whose set-up, request intake and step loop read best together;
-what can stand apart does: the step log (step_log.py), parallel sampling
-(parallel_sampling.py) and what 'auto' settings become (resolve.py)."""
+About 400 lines, as one class whose set-up, request state and step loop read best together;
+what can stand apart does: a prompt's checks (input_processor.py), when a request stops
+(stops.py), `stats()` (stats.py), the step log (step_log.py), parallel sampling
+(parallel_sampling.py), what 'auto' settings become (resolve.py) and what the model's paths
+resolved to (runner.py)."""
 
 from __future__ import annotations
 
@@ -24,18 +26,20 @@ from engine.cuda_graphs import DecodeGraphs
 from engine.distributed.workers import TPWorkers, check_tensor_parallel
 from engine.dtype_choice import DtypeChoice, choose_dtype
 from engine.dtype_choice import cpu_has_native_bf16 as cpu_has_native_bf16  # re-exported
+from engine.input_processor import make_request as build_request
 from engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
 from engine.model_store import DTYPES, ModelKey, load_shared, make_runner
 from engine.model_store import kv_scales as load_kv_scales
 from engine.ops import cpu_kernels
-from engine.ops.cpu_linear import PackedLinear
-from engine.ops.fp8 import FP8, Fp8Linear
+from engine.ops.fp8 import FP8
 from engine.parallel_sampling import fan_out, release_held, shares_prompt
 from engine.resolve import resolve_attention_backend, resolve_device
 from engine.spec_decode import make_proposer
 from engine.spec_decode.speculator import Speculator, speculation_stats
 from engine.startup import Phases
+from engine.stats import engine_stats
 from engine.step_log import StepLog
+from engine.stops import check_stop
 
 logger = logging.getLogger(__name__)
 
@@ -149,36 +153,18 @@ class LLMEngine:
 
     @property
     def decode_attention(self) -> str:
-        """What `enforce_eager` resolved to here: 'compiled' (ops/cpu_decode_attention.py)
-        or 'eager' (asked for, CUDA, an fp8 cache, or no C++ compiler); 'triton' under the
-        Triton backend."""
-        if self.runner.triton:
-            return "triton"
-        return "compiled" if self.runner.fused_decode else "eager"
+        """'compiled', 'eager' or 'triton': what the decode attention runs as (the runner's)."""
+        return self.runner.decode_attention
 
     @property
     def model_forward(self) -> str:
-        """'compiled' (engine/model/compiled_forward.py: every step runs compiled
-        layers) or 'eager' (asked for, CUDA, fp8 weights or cache, or no C++ compiler);
-        'triton' (engine/model/triton_forward.py) under the Triton backend."""
-        if self.runner.triton:
-            return "triton"
-        return "compiled" if self.runner.compiled_forward else "eager"
+        """'compiled', 'eager' or 'triton': what the model's forward runs as (the runner's)."""
+        return self.runner.model_forward
 
     @property
     def linears(self) -> str:
-        """What the layers' linears run as: 'kernel' (engine/ops/cpu_kernels.cpp), 'onednn'
-        (where that cannot be built), 'fp8 kernel' (e4m3 weights through the kernel), 'bf16
-        kernel' (engine/ops/cpu_kernels_bf16.cpp), 'fp8' (e4m3 weights upcast, then torch's
-        product), or 'torch' (CUDA, bf16 on CPUs without AVX512-BF16, SERVEBENCH_ONEDNN=0)."""
-        linear = self.runner.model.layers[0].mlp.down_proj
-        if isinstance(linear, PackedLinear):
-            if linear.weight_scale is not None:
-                return "fp8 kernel"
-            if linear.packed_weight.dtype == torch.bfloat16:
-                return "bf16 kernel"
-            return "kernel" if linear.native else "onednn"
-        return "fp8" if isinstance(linear, Fp8Linear) else "torch"
+        """What the layers' linears run as: 'kernel', 'onednn', 'torch', ... (the runner's)."""
+        return self.runner.linears
 
     def add_request(
         self,
@@ -205,32 +191,8 @@ class LLMEngine:
     ) -> Request:
         """Tokenize and validate without touching engine state: safe from another thread
         while a step runs (the async engine validates on the event loop). ids_checked: the
-        caller made the ids in the vocabulary itself (a simulation's load generator)."""
-        params = params or SamplingParams()
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError(f"model {self.config.model!r} has no tokenizer: pass token ids")
-            text: str | None = prompt
-            ids = self.tokenizer.encode(prompt)
-        else:
-            text, ids = None, list(prompt)
-        if not ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model_config.vocab_size
-        # Checked in C (a Python test per id cost ~0.1 ms a prompt, most of a simulated one)
-        if not ids_checked and (
-            not set(map(type, ids)) <= {int, bool} or min(ids) < 0 or max(ids) >= vocab
-        ):
-            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
-        self.scheduler.check_fits(len(ids), params.max_tokens)
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            outside = sorted(t for t in params.logit_bias if t >= vocab)[:5]
-            raise ValueError(
-                f"logit_bias has token ids outside the vocabulary (size {vocab}): {outside}"
-            )
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise ValueError(f"priority must be an integer, got {priority!r}")
-        return Request(request_id, ids, params, text, arrival_time, self.eos_token_ids, priority)
+        caller made the ids in the vocabulary itself (engine/input_processor.py)."""
+        return build_request(self, request_id, prompt, params, arrival_time, priority, ids_checked)
 
     def _in_use(self, request_id: str) -> bool:
         return request_id in self.requests or request_id in self._children
@@ -393,28 +355,11 @@ class LLMEngine:
         return time.perf_counter() - t0
 
     def _process_token(self, req: Request, token: int) -> None:
-        params = req.params
+        """Finish the request if `token` stops it (engine/stops.py)."""
         detok = self._detokenizers.get(req.request_id)
-        # min_tokens (vLLM's rule): stop tokens count from that many output tokens on, stop
-        # strings only after them (the sampler masks EOS and stop tokens until then).
-        stops_count = req.num_output_tokens >= params.min_tokens
-        if detok is not None:
-            before = len(req.output_text)
-            req.output_text += detok.step(req.token_ids)
-            matcher = req.stop_matcher if req.num_output_tokens > params.min_tokens else None
-            found = matcher.find(req.output_text, before) if matcher else None
-            if found is not None:
-                idx, stop = found
-                end = idx + len(stop) if params.include_stop_str_in_output else idx
-                req.output_text = req.output_text[:end]
-                req.stop_reason = stop
-                self._finish(req, FinishReason.STOP, flush=False)
-                return
-        if stops_count and token in req.stop_token_ids:
-            req.stop_reason = token if token in params.stop_token_ids else None
-            self._finish(req, FinishReason.STOP)
-        elif req.num_output_tokens >= params.max_tokens or req.num_tokens >= self.max_model_len:
-            self._finish(req, FinishReason.LENGTH)
+        stop = check_stop(req, token, detok, self.max_model_len)
+        if stop is not None:
+            self._finish(req, *stop)
 
     def _finish(self, req: Request, reason: FinishReason, flush: bool = True) -> None:
         self.scheduler.finish(req, reason)
@@ -448,44 +393,8 @@ class LLMEngine:
     # ---- observability -----------------------------------------------------------------
 
     def stats(self) -> dict[str, Any]:
-        block_bytes = self.config.cache.block_size * self.model_config.kv_bytes_per_token(
-            DTYPES[self.config.cache.kv_cache_dtype].itemsize
-        )
-        token_bytes = block_bytes // self.config.cache.block_size
-        return {
-            "num_running": len(self.scheduler.running),
-            "num_waiting": self.num_waiting,
-            "num_preemptions": self.scheduler.num_preemptions,
-            "kv_blocks_used": self.kv.num_used_blocks,
-            "kv_blocks_total": self.kv.num_blocks,
-            "kv_block_size": self.config.cache.block_size,
-            "kv_block_bytes": block_bytes,
-            "kv_peak_blocks_used": self.kv.peak_blocks_used,
-            "kv_peak_bytes_used": self.kv.peak_blocks_used * block_bytes,
-            # What the same peak concurrency would reserve with one max-length slab per request.
-            "kv_contiguous_bytes_equivalent": self.kv.peak_num_requests
-            * self.max_model_len
-            * token_bytes,
-            "prefix_cache_queries": self.kv.prefix_queries,
-            "prefix_cache_hits": self.kv.prefix_hits,
-            "prefix_cache_hit_rate": self._hit_rate(),  # cached / queried tokens so far
-            "kv_blocks_cached": len(self.kv.pool.cached),
-            # Block copies that sharing saves now and at most (siblings, cache hits): those
-            # held + these = what requests not sharing would hold.
-            "kv_blocks_shared": self.kv.pool.num_shared_refs,
-            "kv_peak_blocks_shared": self.kv.peak_blocks_shared,
-            "prompt_tokens_computed": self._counters["prompt_tokens_computed"],
-            "last_step_num_tokens": self._last_step["num_tokens"],
-            "last_step_num_seqs": self._last_step["num_seqs"],
-            "last_step_time_s": self._last_step["time_s"],
-            "num_steps": self._counters["steps"],
-            "prompt_tokens_total": self._counters["prompt_tokens"],
-            "generation_tokens_total": self._counters["generation_tokens"],
-            **self.spec_stats(),
-            "tensor_parallel_size": self.config.tensor_parallel_size,
-            "tp_allreduce_seconds_total": self.runner.tp.allreduce_s if self.runner.tp else 0.0,
-            "tp_allreduces_total": self.runner.tp.num_allreduces if self.runner.tp else 0,
-        }
+        """The gauges and counters /metrics and the load generator read (engine/stats.py)."""
+        return engine_stats(self)
 
     def shutdown(self) -> None:
         """Stop tensor-parallel workers (also done when the engine is collected or the
@@ -496,10 +405,6 @@ class LLMEngine:
     def spec_stats(self) -> dict[str, Any]:
         """Speculative decoding's counters (zeros when off; engine/spec_decode/speculator.py)."""
         return speculation_stats(self.speculator)
-
-    def _hit_rate(self) -> float:
-        """Prompt tokens found in the prefix cache / prompt tokens looked up (vLLM's)."""
-        return self.kv.prefix_hits / self.kv.prefix_queries if self.kv.prefix_queries else 0.0
 
     def reset_prefix_cache(self) -> int:
         """Forget the cached blocks nobody uses (for runs that must start cold)."""

@@ -19,7 +19,8 @@ from engine.model import compiled_forward, triton_forward
 from engine.model.llama import LlamaForCausalLM
 from engine.ops import AttentionMetadata, KVCache, cpu_decode_attention
 from engine.ops.attention import token_positions
-from engine.ops.fp8 import FP8
+from engine.ops.cpu_linear import PackedLinear
+from engine.ops.fp8 import FP8, Fp8Linear
 from engine.sampler import sample
 from engine.spec_decode.rejection import verify
 
@@ -100,6 +101,39 @@ class ModelRunner:
             model, self.kv_caches[0], self._warm_up_step
         )
         self.graphs: DecodeGraphs | None = None  # set by the engine (cuda_graphs=True)
+
+    @property
+    def decode_attention(self) -> str:
+        """What `enforce_eager` resolved to here: 'compiled' (ops/cpu_decode_attention.py)
+        or 'eager' (asked for, CUDA, an fp8 cache, or no C++ compiler); 'triton' under the
+        Triton backend."""
+        if self.triton:
+            return "triton"
+        return "compiled" if self.fused_decode else "eager"
+
+    @property
+    def model_forward(self) -> str:
+        """'compiled' (engine/model/compiled_forward.py: every step runs compiled
+        layers) or 'eager' (asked for, CUDA, fp8 weights or cache, or no C++ compiler);
+        'triton' (engine/model/triton_forward.py) under the Triton backend."""
+        if self.triton:
+            return "triton"
+        return "compiled" if self.compiled_forward else "eager"
+
+    @property
+    def linears(self) -> str:
+        """What the layers' linears run as: 'kernel' (engine/ops/cpu_kernels.cpp), 'onednn'
+        (where that cannot be built), 'fp8 kernel' (e4m3 weights through the kernel), 'bf16
+        kernel' (engine/ops/cpu_kernels_bf16.cpp), 'fp8' (e4m3 weights upcast, then torch's
+        product), or 'torch' (CUDA, bf16 on CPUs without AVX512-BF16, SERVEBENCH_ONEDNN=0)."""
+        linear = self.model.layers[0].mlp.down_proj
+        if isinstance(linear, PackedLinear):
+            if linear.weight_scale is not None:
+                return "fp8 kernel"
+            if linear.packed_weight.dtype == torch.bfloat16:
+                return "bf16 kernel"
+            return "kernel" if linear.native else "onednn"
+        return "fp8" if isinstance(linear, Fp8Linear) else "torch"
 
     @torch.inference_mode()
     def execute(

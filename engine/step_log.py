@@ -96,7 +96,7 @@ class StepLog:
             "kv_blocks_used": engine.kv.num_used_blocks,
             "preempted": preempted,  # requests preempted in this step (recomputed later)
             "cached_tokens": cached_tokens,  # admitted from the prefix cache, not computed
-            "prefix_cache_hit_rate": engine._hit_rate(),  # cached / queried tokens so far
+            "prefix_cache_hit_rate": engine.kv.prefix_hit_rate,  # cached / queried tokens so far
             # KV stored for the running batch: computed tokens summed over requests, so
             # blocks shared (n > 1 siblings' prompt, prefix-cache hits) count once per user
             # and can push kv_tokens past kv_blocks_used * block_size.

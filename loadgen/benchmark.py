@@ -22,11 +22,13 @@ import numpy as np
 from loadgen.backends import Backend
 from loadgen.config import RunConfig
 from loadgen.endpoints import api_url, server_root
+from loadgen.event_loop import run_event_loop
+from loadgen.load_plan import LoadPlan
 from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.plan import BuiltPlan
 from loadgen.records import RecordWriter, RequestRecord
 from loadgen.redact import redact_url
-from loadgen.runner import LoadPlan, LoadRunner, ProbeFailed, RunOutcome, run_event_loop
+from loadgen.runner import LoadRunner, ProbeFailed, RunOutcome
 from loadgen.sessions import multi_turn_summary
 from loadgen.telemetry import Telemetry, spec_counts
 
@@ -85,7 +87,8 @@ def connect(
     """The backend for a target: streaming HTTP, the bundled engine built from
     `cfg.engine` in this process, the naive transformers baseline (`cfg.naive_batch`), or the
     simulated engine (`local_peak`: this machine's measured peaks, for its roofline)."""
-    from loadgen.backends import InProcessBackend, OpenAIBackend
+    from loadgen.backends import OpenAIBackend
+    from loadgen.in_process_backend import InProcessBackend
 
     if target.kind == "simulated":
         from loadgen.sim_setup import sim_backend

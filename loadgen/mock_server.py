@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from loadgen.runner import sleep_until
+from loadgen.event_loop import sleep_until
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.config import RunConfig
+from loadgen.load_plan import LoadPlan
 from loadgen.mix import class_schedule, merge, warmup_requests
-from loadgen.runner import LoadPlan
 from loadgen.sessions import Session, sharegpt_sessions, synthetic_sessions
 from loadgen.traces import read_trace
 from loadgen.workload import (

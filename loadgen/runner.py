@@ -12,45 +12,20 @@ import gc
 import itertools
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 from loadgen.backends import Backend
+from loadgen.event_loop import sleep_until
+from loadgen.load_plan import LoadPlan
 from loadgen.records import RequestRecord
 from loadgen.redact import printable
 from loadgen.sessions import Session, next_turn
 from loadgen.workload import RequestSpec
 
 T = TypeVar("T")
-SPIN_S = 0.0015  # measured: without the spin a 1,600 req/s schedule falls 100 ms behind
 FAIL_FAST = 10  # the first this many measured requests all failing alike stops the run
-
-
-@dataclass(slots=True)
-class LoadPlan:
-    specs: Iterator[RequestSpec | Session]  # a Session: a conversation, turn after turn
-    offsets: list[float] | None  # open loop: send offsets in seconds; None: closed loop
-    concurrency: int | None = None  # closed loop's width, or a cap on the open loop
-    num_requests: int | None = None  # closed loop's limits (an open loop's are in offsets)
-    duration_s: float | None = None
-    warmup: list[RequestSpec] = field(default_factory=list)
-    probe: RequestSpec | None = None  # one test request before anything else (as vLLM's bench)
-    total_requests: int | None = None  # when the requests are not one per scheduled item
-
-    def __post_init__(self) -> None:
-        if self.offsets is None and not self.concurrency:
-            raise ValueError("a closed loop needs a concurrency")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
-        if self.offsets is None and self.num_requests is None and self.duration_s is None:
-            raise ValueError("a closed loop needs a number of requests or a duration")
-
-    @property
-    def total(self) -> int | None:
-        if self.total_requests is not None:
-            return self.total_requests
-        return len(self.offsets) if self.offsets is not None else self.num_requests
 
 
 class ProbeFailed(RuntimeError):
@@ -80,26 +55,6 @@ class RunOutcome:
 
     def __repr__(self) -> str:
         return f"RunOutcome({len(self.records)} records, {self.elapsed_s:.2f} s)"
-
-
-async def sleep_until(t: float) -> None:
-    """Sleep to an absolute perf_counter() time. Event-loop timers wake up to ~1 ms late
-    (epoll and libuv count whole milliseconds), so the last stretch yields in a tight loop."""
-    delay = t - time.perf_counter()
-    if delay > SPIN_S:
-        await asyncio.sleep(delay - SPIN_S)
-    while time.perf_counter() < t:
-        await asyncio.sleep(0)
-
-
-def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run on uvloop where it is installed: the client's per-request cost is mostly
-    event-loop work, and uvloop's is about half of asyncio's (benchmarks/loadgen_capacity.py)."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
 
 
 class LoadRunner:

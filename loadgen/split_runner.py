@@ -24,8 +24,9 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from loadgen.backends import Backend
+from loadgen.load_plan import LoadPlan
 from loadgen.records import RequestRecord
-from loadgen.runner import LoadPlan, Progress, RunOutcome
+from loadgen.runner import Progress, RunOutcome
 from loadgen.worker_slots import Dispenser, closed_shares, open_shares, split_slots
 from loadgen.workers import LazyTokenizer, WorkerJob, worker_main
 

@@ -24,8 +24,10 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from loadgen.backends import Backend
+from loadgen.event_loop import run_event_loop
+from loadgen.load_plan import LoadPlan
 from loadgen.records import RequestRecord
-from loadgen.runner import LoadPlan, LoadRunner, ProbeFailed, run_event_loop
+from loadgen.runner import LoadRunner, ProbeFailed
 from loadgen.sessions import Session
 from loadgen.worker_feed import FedRunner, Feed
 from loadgen.workload import RequestSpec

@@ -180,6 +180,7 @@ def _run_claim(
 ) -> Finding | Failed | int:
     """The claim's finding, a failure to measure it, or the exit code of a sweep that was
     interrupted."""
+    from bench_cli.sweep.options import SweepOptions
     from bench_cli.sweep.runner import run_sweep
 
     if claim.missing:
@@ -200,7 +201,8 @@ def _run_claim(
                 write_json(measured, claim.measure(scale))
         resume = str(sweep_dir) if (sweep_dir / "sweep.json").is_file() else None
         flags = {"out": str(sweep_dir), "name": claim.slug}
-        code = run_sweep(claim.sweep(scale), flags, 1, resume, dashboard, console)
+        options = SweepOptions(resume=resume, dashboard=dashboard)
+        code = run_sweep(claim.sweep(scale), flags, options, console)
         if code >= 128:  # interrupted (128 + the signal)
             return code
         if code == INVALID_EXIT:

@@ -106,6 +106,7 @@ def sweep(
     """Run one load list against a grid of engine settings, a fresh server per point; writes
     sweep.csv and prints which setting is best at each load. `--rates auto:N` finds the loads
     itself (`bench sweep --base-url URL --rates auto:10`: the default profile's requests)."""
+    from bench_cli.sweep.options import SweepOptions
     from bench_cli.sweep.runner import run_sweep
 
     if repeat < 1:
@@ -127,17 +128,15 @@ def sweep(
     flags |= {"sim_cost_model": sim_cost_model, "sim_profile": sim_profile}
     flags |= {"sim_acceptance": sim_acceptance, "sim_draft_share": sim_draft_share}
     flags |= {"num_requests": num_requests, "duration": duration, "rate": rate}
-    code = run_sweep(
-        profile or "default",
-        flags,
-        repeat,
-        resume,
-        not no_dashboard,
-        console,
-        rates,
-        serve,
-        slo_search,
-        slo_target,
-        ray_address,
+    options = SweepOptions(
+        repeat=repeat,
+        resume=resume,
+        dashboard=not no_dashboard,
+        rates=rates,
+        serve=serve,
+        search=slo_search,
+        target=slo_target,
+        ray_address=ray_address,
     )
+    code = run_sweep(profile or "default", flags, options, console)
     raise typer.Exit(code)

@@ -90,8 +90,9 @@ class Sweep:
             print_outcome(console, summary)
         return summary
 
-    def point_row(self, point: SweepPoint, total: int) -> dict[str, Any] | int:
-        """Every run of a point: its sweep.csv row, or the exit code that ends the sweep."""
+    def summaries(self, point: SweepPoint, total: int) -> list[dict[str, Any]] | int:
+        """Every run of a point, one after another: their summaries, or the exit code that
+        ends the sweep (a run that could not run, or one interrupted)."""
         summaries = []
         for k in range(self.repeat):
             summary = self.run(point, k, total)
@@ -101,7 +102,12 @@ class Sweep:
                 self.console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
                 return exit_code(summary)
             summaries.append(summary)
-        return aggregate(point, summaries)
+        return summaries
+
+    def point_row(self, point: SweepPoint, total: int) -> dict[str, Any] | int:
+        """Every run of a point: its sweep.csv row, or the exit code that ends the sweep."""
+        summaries = self.summaries(point, total)
+        return summaries if isinstance(summaries, int) else aggregate(point, summaries)
 
     def _start_server(
         self, point: SweepPoint, out_dir: Path, out: Path

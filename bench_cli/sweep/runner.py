@@ -32,9 +32,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from bench_cli.export import run_dir, write_json
-from bench_cli.run.execute import INVALID_EXIT, exit_code, resolve_config
+from bench_cli.run.execute import INVALID_EXIT, resolve_config
 from bench_cli.run.interrupts import Interrupted, raising_on_signals
 from bench_cli.sweep.grid import LOAD_AXES, SweepPoint, grid, load_sweep
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.point import Sweep, point_flags
 from bench_cli.sweep.rates import (
     RateSpec,
@@ -55,33 +56,15 @@ from loadgen.redact import redact_settings, redact_url
 def run_sweep(
     profile: str | dict[str, Any],
     flags: dict[str, Any],
-    repeat: int,
-    resume: str | None,
-    dashboard: bool,
+    options: SweepOptions,
     console: Console,
-    rates: str | None = None,
-    serve: ServeCommand | None = None,
-    search: str | None = None,
-    target: float | None = None,
-    ray_address: str | None = None,
 ) -> int:
-    """`target`: --slo-target, the share of requests in SLO that makes a load served;
-    `ray_address`: the points at once as Ray tasks (bench_cli/sweep/ray.py)."""
+    """The sweep's exit code. `options.target`: --slo-target, the share of requests in SLO
+    that makes a load served; `options.ray_address`: the points at once as Ray tasks
+    (bench_cli/sweep/ray.py)."""
     with raising_on_signals():
         try:
-            return _run_sweep(
-                profile,
-                flags,
-                repeat,
-                resume,
-                dashboard,
-                console,
-                rates,
-                serve,
-                search,
-                target,
-                ray_address,
-            )
+            return _run_sweep(profile, flags, options, console)
         except Interrupted as e:  # outside a point's load (which handles signals itself)
             console.print(
                 f"[yellow]interrupted[/] by {e.name}: finished points are kept (--resume)"
@@ -92,21 +75,16 @@ def run_sweep(
 def _run_sweep(
     profile: str | dict[str, Any],
     flags: dict[str, Any],
-    repeat: int,
-    resume: str | None,
-    dashboard: bool,
+    options: SweepOptions,
     console: Console,
-    rates: str | None = None,
-    serve: ServeCommand | None = None,
-    search: str | None = None,
-    target: float | None = None,
-    ray_address: str | None = None,
 ) -> int:
     import pandas as pd
 
     from bench_cli.sweep.search import SearchSpec
     from engine.model.sources import ModelLoadError
 
+    repeat, resume, serve, target = options.repeat, options.resume, options.serve, options.target
+    rates, search, ray_address = options.rates, options.search, options.ray_address
     try:
         spec = RateSpec.parse(rates) if rates is not None else None
         found_by = SearchSpec.parse(search) if search is not None else None
@@ -170,7 +148,7 @@ def _run_sweep(
         escape(f"sweep {name}: {total} points x {repeat} runs -> {sweep_dir}/"),
         highlight=False,
     )
-    sweep = Sweep(base, flags, sweep_dir, name, repeat, dashboard, console, serve)
+    sweep = Sweep(base, flags, sweep_dir, name, repeat, options.dashboard, console, serve)
     if spec is not None and spec.auto and anchors is None:
         found = _find_anchors(sweep, spec, axes, total)
         if isinstance(found, int):
@@ -254,15 +232,9 @@ def _find_anchors(
     points = anchor_points(settings, spec.auto)
     achieved = []
     for point in points:
-        summaries = []
-        for k in range(sweep.repeat):
-            summary = sweep.run(point, k, total)
-            if isinstance(summary, int):
-                return summary
-            if summary["interrupted"]:
-                sweep.console.print("[yellow]interrupted[/]: finished points are kept (--resume)")
-                return exit_code(summary)
-            summaries.append(summary)
+        summaries = sweep.summaries(point, total)
+        if isinstance(summaries, int):
+            return summaries
         rate = float(np.mean([s["request_throughput"] for s in summaries]))
         if not rate > 0:
             sweep.console.print(

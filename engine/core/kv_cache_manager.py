@@ -99,6 +99,11 @@ class KVCacheManager:
         return self.pool.num_blocks
 
     @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache / prompt tokens looked up (vLLM's)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
+
+    @property
     def num_used_blocks(self) -> int:
         return self.pool.num_used
 

@@ -1,13 +1,13 @@
 """The bundled server's HTTP API: its routes (engine/serving/server.py), the request-body
-fields it reads (engine/serving/protocol.py), and its /metrics names, each read from the code
-that handles them."""
+fields it reads (engine/serving/protocol.py, completions.py), and its /metrics names
+(engine/serving/info_routes.py), each read from the code that handles them."""
 
 from __future__ import annotations
 
 import ast
 import inspect
 
-from engine.serving import protocol, server
+from engine.serving import completions, info_routes, protocol, server
 from engine.serving.metrics import process_metrics
 from scripts.docgen.markdown import code, page, table
 
@@ -39,7 +39,7 @@ def routes() -> list[tuple[str, str, str]]:
 def body_fields() -> dict[str, str]:
     """Each field the parser reads, with its default and range where the code gives them."""
     fields: dict[str, str] = {}
-    for call in _calls(protocol) + _calls(server):
+    for call in _calls(protocol) + _calls(completions):
         func = ast.unparse(call.func)
         args = call.args
         if func in ("_typed", "_number") and len(args) >= 3 and isinstance(args[1], ast.Constant):
@@ -88,13 +88,13 @@ def api_page() -> str:
         "`SERVEBENCH_API_KEY`) every `/v1/...` route needs `Authorization: Bearer KEY`; "
         "`/health` and `/metrics` stay open."
     )
-    return page("OpenAI API", "engine/serving/server.py, protocol.py", intro, body)
+    return page("OpenAI API", "engine/serving/server.py, completions.py, protocol.py", intro, body)
 
 
 def server_metrics() -> list[tuple[str, str, str]]:
     """(name, type, help) of every `servebench:` sample the /metrics handler writes."""
     out = []
-    for node in ast.walk(ast.parse(inspect.getsource(server.metrics))):
+    for node in ast.walk(ast.parse(inspect.getsource(info_routes.metrics))):
         if not isinstance(node, ast.Dict):
             continue
         for key, value in zip(node.keys, node.values, strict=True):
@@ -122,10 +122,10 @@ def prometheus_page() -> str:
             rows.append((code(name), "process", help_))
     intro = (
         "`GET /metrics` of `bench serve`, in Prometheus' text format, read from its handler in "
-        "engine/serving/server.py. vLLM's names with our `servebench:` prefix where vLLM has "
+        "engine/serving/info_routes.py. vLLM's names with our `servebench:` prefix where vLLM has "
         "one; `bench run` scrapes these (or vLLM's, SGLang's, llama.cpp's) into timeline.csv "
         "([result files](result-files.md#timelinecsv))."
     )
     return page(
-        "/metrics", "engine/serving/server.py", intro, table(["name", "type", "meaning"], rows)
+        "/metrics", "engine/serving/info_routes.py", intro, table(["name", "type", "meaning"], rows)
     )

@@ -285,8 +285,9 @@ def test_next_send_moves_on_only_once_the_request_due_has_left() -> None:
     beside the engine) in front of the send: `make demo` INVALID, p99 lag 10-30 ms."""
     import asyncio
 
+    from loadgen.load_plan import LoadPlan
     from loadgen.records import RequestRecord
-    from loadgen.runner import LoadPlan, LoadRunner
+    from loadgen.runner import LoadRunner
     from loadgen.workload import RequestSpec
 
     class Backend:

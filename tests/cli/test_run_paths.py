@@ -14,6 +14,7 @@ from rich.console import Console
 
 from bench_cli.export import run_dir
 from bench_cli.run.execute import execute
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.runner import run_sweep
 
 # A busy machine's schedule lag is not what these tests check (INVALID: test_run_lifecycle).
@@ -90,7 +91,7 @@ def test_a_sweep_writes_one_vllm_json_a_point_in_its_folder(
     )
     flags = {"base_url": None, "model": None, "api_key": None, "name": None}
     flags["out"] = str(tmp_path / "sweep")
-    rc = run_sweep(str(profile), flags, 1, None, False, Console(file=io.StringIO()))
+    rc = run_sweep(str(profile), flags, SweepOptions(), Console(file=io.StringIO()))
     assert rc == 0
     written = sorted((tmp_path / "sweep").rglob("vllm.json"))
     assert len(written) == 2 and len({p.parent for p in written}) == 2

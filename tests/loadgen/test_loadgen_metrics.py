@@ -340,7 +340,8 @@ class _SlowBackend:
 def test_stopping_records_every_request_made_even_those_never_started() -> None:
     """Stop the moment the dispatcher has launched 50 tasks that have not run yet: each
     still gets exactly one record, cancelled."""
-    from loadgen.runner import LoadPlan, LoadRunner
+    from loadgen.load_plan import LoadPlan
+    from loadgen.runner import LoadRunner
 
     async def go() -> tuple[LoadRunner, list[RequestRecord]]:
         plan = LoadPlan(iter([RequestSpec("p", 1, 1)] * 50), [0.0] * 50)
@@ -394,7 +395,8 @@ class _FailingBackend:
 
 
 def _run_failing(errors: list[str], n: int, closed: bool = False):
-    from loadgen.runner import LoadPlan, LoadRunner
+    from loadgen.load_plan import LoadPlan
+    from loadgen.runner import LoadRunner
 
     specs = iter([RequestSpec("p", 1, 1)] * n)
     probe = RequestSpec("p", 1, 1)

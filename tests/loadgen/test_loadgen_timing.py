@@ -19,8 +19,9 @@ import pytest
 
 from loadgen.arrivals import Arrivals, take_schedule
 from loadgen.backends import OpenAIBackend
+from loadgen.load_plan import LoadPlan
 from loadgen.metrics import SLO, summarize
-from loadgen.runner import LoadPlan, LoadRunner
+from loadgen.runner import LoadRunner
 from loadgen.workload import RequestSpec
 
 pytestmark = pytest.mark.serial  # held to 3 ms: alone on the machine (Makefile)

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from loadgen.backends import InProcessBackend, OpenAIBackend
+from loadgen.backends import OpenAIBackend
+from loadgen.in_process_backend import InProcessBackend
 from loadgen.metrics import summarize
 from loadgen.records import RequestRecord
 from loadgen.workload import RequestSpec

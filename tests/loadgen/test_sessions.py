@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from loadgen.load_plan import LoadPlan
 from loadgen.profiles import build_config
 from loadgen.records import RequestRecord
-from loadgen.runner import LoadPlan, LoadRunner
+from loadgen.runner import LoadRunner
 from loadgen.sessions import Session, multi_turn_summary, sharegpt_sessions
 from loadgen.workload import RequestSpec, read_sharegpt
 

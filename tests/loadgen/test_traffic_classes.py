@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 
 from bench_cli.run.execute import execute
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.row import metrics_of
 from bench_cli.sweep.runner import run_sweep
 from engine.model.loader import load_tokenizer
@@ -359,7 +360,7 @@ def test_sweep_csv_has_per_class_columns(tmp_path: Path, mock_server: Callable[.
     flags = {"base_url": url, "model": None, "api_key": None, "name": None}
     flags["out"] = str(tmp_path / "sweep")
     buf = io.StringIO()
-    rc = run_sweep(str(profile), flags, 1, None, False, Console(file=buf, width=160))
+    rc = run_sweep(str(profile), flags, SweepOptions(), Console(file=buf, width=160))
     assert rc == 0, buf.getvalue()
     table = pd.read_csv(tmp_path / "sweep" / "sweep.csv")
     assert list(table["rate"]) == [20, 40]

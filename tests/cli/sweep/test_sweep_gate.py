@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from bench_cli.app import app
 from bench_cli.gate.checks import Limit, check
 from bench_cli.sweep.grid import grid, load_sweep
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.row import aggregate, slo_attainment, t975
 from bench_cli.sweep.runner import run_sweep
 from bench_cli.sweep.table import knee
@@ -55,9 +56,7 @@ def sweep(tmp: Path, profile: Path, **kw: Any) -> tuple[int, str]:
     rc = run_sweep(
         str(profile),
         flags,
-        kw.pop("repeat", 1),
-        kw.pop("resume", None),
-        False,
+        SweepOptions(repeat=kw.pop("repeat", 1), resume=kw.pop("resume", None)),
         Console(file=buf, width=120),
     )
     return rc, buf.getvalue()

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from bench_cli.app import app
 from bench_cli.sweep.grid import grid
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.rates import RateSpec, anchor_points, apply, auto_axes, between
 from bench_cli.sweep.runner import run_sweep
 from bench_cli.sweep.table import knee
@@ -42,9 +43,8 @@ def sweep(tmp: Path, url: str, rates: str, profile: str = PROFILE, **kw: Any) ->
     buf = io.StringIO()
     flags = {"base_url": url, "model": None, "api_key": None, "name": None, "out": None}
     flags |= kw.pop("flags", {"out": str(tmp / "sweep")})
-    rc = run_sweep(
-        str(path), flags, 1, kw.pop("resume", None), False, Console(file=buf, width=160), rates
-    )
+    options = SweepOptions(resume=kw.pop("resume", None), rates=rates)
+    rc = run_sweep(str(path), flags, options, Console(file=buf, width=160))
     return rc, buf.getvalue()
 
 

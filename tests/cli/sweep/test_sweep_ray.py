@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.ray import resources
 from bench_cli.sweep.runner import run_sweep
 from bench_cli.sweep.serve_cmd import ServeCommand
@@ -43,9 +44,8 @@ def sweep(
     buf = io.StringIO()
     flags = {"base_url": base_url, "model": None, "api_key": None, "name": None}
     flags["out"] = str(tmp / kw.pop("out", "sweep"))
-    rc = run_sweep(
-        str(path), flags, 1, None, False, Console(file=buf, width=160), ray_address=ray, **kw
-    )
+    options = SweepOptions(ray_address=ray, **kw)
+    rc = run_sweep(str(path), flags, options, Console(file=buf, width=160))
     return rc, " ".join(buf.getvalue().split())
 
 

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from bench_cli.app import app
 from bench_cli.sweep.grid import SweepPoint
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.runner import run_sweep
 from bench_cli.sweep.search import SearchSpec, bisect, run_search
 
@@ -61,7 +62,7 @@ def test_a_search_that_no_rate_passes_says_none(
     flags = {"base_url": url, "model": None, "api_key": None, "name": None}
     flags["out"] = str(tmp_path / "s")
     console = Console(file=buf, width=160)
-    rc = run_sweep(str(tmp_path / "p.toml"), flags, 1, None, False, console, search="2:8")
+    rc = run_sweep(str(tmp_path / "p.toml"), flags, SweepOptions(search="2:8"), console)
     printed = buf.getvalue()
     assert rc == 0, printed
     assert "highest rate with 90% in SLO: none" in printed
@@ -70,14 +71,13 @@ def test_a_search_that_no_rate_passes_says_none(
     record = json.loads((tmp_path / "s" / "slo_search.json").read_text())
     assert record["settings"]["all"]["served"] is None
     assert (tmp_path / "s" / "report.html").exists()
-    again = run_sweep(
-        str(tmp_path / "p.toml"), flags, 1, str(tmp_path / "s"), False, console, search="2:8"
-    )
+    options = SweepOptions(resume=str(tmp_path / "s"), search="2:8")
+    again = run_sweep(str(tmp_path / "p.toml"), flags, options, console)
     assert again == 0 and buf.getvalue().count("done before, kept") == 2, buf.getvalue()
     no_slo = PROFILE.replace('slo = "ttft=0.001"\n', "")
     (tmp_path / "q.toml").write_text(no_slo)
     flags["out"] = str(tmp_path / "t")
-    rc = run_sweep(str(tmp_path / "q.toml"), flags, 1, None, False, console, search="2:8")
+    rc = run_sweep(str(tmp_path / "q.toml"), flags, SweepOptions(search="2:8"), console)
     assert rc == 2 and "needs an SLO" in buf.getvalue()
 
 

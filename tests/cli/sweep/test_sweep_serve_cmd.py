@@ -19,6 +19,7 @@ import psutil
 import pytest
 from rich.console import Console
 
+from bench_cli.sweep.options import SweepOptions
 from bench_cli.sweep.runner import run_sweep
 from bench_cli.sweep.serve_cmd import ServeCommand
 
@@ -44,15 +45,8 @@ def sweep(tmp: Path, profile: str, serve: ServeCommand | None, **kw: Any) -> tup
     base_url = serve.base_url if serve is not None else None
     flags = {"base_url": base_url, "model": None, "api_key": None, "name": None}
     flags["out"] = str(tmp / "sweep")
-    rc = run_sweep(
-        str(path),
-        flags,
-        1,
-        kw.pop("resume", None),
-        False,
-        Console(file=buf, width=160),
-        serve=serve,
-    )
+    options = SweepOptions(resume=kw.pop("resume", None), serve=serve)
+    rc = run_sweep(str(path), flags, options, Console(file=buf, width=160))
     return rc, buf.getvalue()
 
 

@@ -11,8 +11,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from engine import SamplingParams
 from engine.config import EngineConfig
 from engine.engine import LLMEngine
+from engine.serving.app_state import ENGINE_KEY, ServerState
 from engine.serving.async_engine import AsyncLLMEngine
-from engine.serving.server import ENGINE_KEY, ServerState, build_app
+from engine.serving.server import build_app
 
 
 def tiny_engine() -> LLMEngine:

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from engine.config import EngineConfig
 from engine.core.request import SamplingParams
 from engine.engine import LLMEngine
+from engine.serving.app_state import ServerState
 from engine.serving.async_engine import AsyncLLMEngine, EngineStepError
 from engine.serving.protocol import APIError, parse_common, parse_completion, parse_messages
-from engine.serving.server import ServerState, build_app
+from engine.serving.server import build_app
 
 json_values = st.recursive(
     st.none()
