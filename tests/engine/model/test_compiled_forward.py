@@ -16,6 +16,15 @@ from engine.model import compiled_forward, sources
 PROMPTS = [[5, 9, 2, 7] * k for k in (1, 4, 9)] + [[3] * 40]  # 1 to 3 blocks of 16
 
 
+@pytest.fixture(scope="module", autouse=True)
+def fresh_dynamo() -> None:
+    """Dynamo's caches as a new process has them: these tests count compiles and direct calls,
+    and a test process runs whichever modules it is handed before this one (the graphs of
+    one kind failed to be recorded after other modules' compiles in the same process)."""
+    torch._dynamo.reset()
+    compiled_forward._compiled.cache_clear()
+
+
 def _greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
