@@ -23,6 +23,7 @@ def fresh_dynamo() -> None:
     one kind failed to be recorded after other modules' compiles in the same process)."""
     torch._dynamo.reset()
     compiled_forward._compiled.cache_clear()
+    compiled_forward._compiled_shapes.clear()
 
 
 def _greedy(llm: LLM, max_tokens: int = 12) -> list[list[int]]:
