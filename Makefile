@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
-# Test processes (pytest-xdist): one per core by default.
-TEST_PROCS ?= auto
+# Test processes (pytest-xdist): one per usable CPU (xdist's `auto` counts physical cores,
+# one on a 2-vCPU machine whose vCPUs are hyperthreads).
+TEST_PROCS ?= $(shell nproc 2>/dev/null || echo 2)
 STAMP := $(VENV)/.installed
 
 .PHONY: setup test demo docs lint format bench clean
