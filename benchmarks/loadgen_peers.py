@@ -48,6 +48,7 @@ class Trial:
     source: str = ""  # the file the figures were read from
     error: str | None = None  # the tool did not run, or wrote nothing readable
     server_cpu_peak: float | None = None  # the instant server's busiest second, share of a core
+    server_demand_peak: float | None = None  # the same with its wait for a CPU (cpu_share.py)
     server_requests: int | None = None  # requests the server answered during the trial
 
     @property

@@ -7,9 +7,11 @@ client added) and failures, at each --rates, tools alternating within a round; t
 tool's highest kept rate (achieved within 1% of its schedule's rate, nothing failed), found
 as loadgen_capacity.py finds ours (double until a miss, then bisect), bounded in time.
 
-The server's busiest second (its CPU share of its core, sampled from /proc) is printed with
-every trial: a trial where it reached SERVER_BUSY measured the server, not the client, and
-is marked so (the search stops there).
+The instant server is benchmarks/instant_server.py (--server instant, the default: a bare
+asyncio responder) or loadgen.mock_server (--server mock, several times dearer per request).
+Its busiest second is printed with every trial (`server`: % of its core on CPU / on CPU or
+waiting for one, from /proc, benchmarks/cpu_share.py): a trial where the second reached
+SERVER_BUSY measured the server, not the client, and is marked so (the search stops there).
 
     python benchmarks/loadgen_side_by_side.py --setup /tmp/peers   # both venvs, ~5 min
     python benchmarks/loadgen_side_by_side.py --vllm-python /tmp/peers/vllm/bin/python \\
@@ -114,14 +116,14 @@ class Bench:
         with CpuShare(self.server_pid) as cpu:
             timeout = 120 + 10 * a.seconds
             peers.run_tool(tool, cmd, trial, self.pin(), timeout, work / "log.txt")
-        trial.server_cpu_peak = cpu.peak()
+        trial.server_cpu_peak, trial.server_demand_peak = cpu.peaks()
         trial.server_requests = served(a.port) - before
         return trial
 
 
 HEADER = (
     f"{'rate':>6} {'tool':<15}{'sched':>8}{'achieved':>9}{'err %':>7}{'TTFT p99 ms':>12}"
-    f"{'lag p99 ms':>11}{'failed':>7}{'server':>7}  kept"
+    f"{'lag p99 ms':>11}{'failed':>7}{'server':>10}  kept"
 )
 
 
@@ -135,14 +137,40 @@ def row(t: Trial) -> str:
         f"{t.asked_rate:6g} {t.tool:<15}{f(t.scheduled_rate, '.1f'):>8}"
         f"{f(t.achieved_rate, '.1f'):>9}{f(None if err is None else err * 100, '+.2f'):>7}"
         f"{f(t.ttft_p99_ms, '.2f'):>12}{f(t.lag_p99_ms, '.2f'):>11}{t.failed:>7d}"
-        f"{f(None if t.server_cpu_peak is None else t.server_cpu_peak * 100, '.0f') + '%':>7}"
+        f"{server_share(t.server_cpu_peak, t.server_demand_peak):>10}"
         f"  {kept}"
     )
     return line + (f"\n       {t.error}" if t.error else "")
 
 
 def server_bound(t: Trial) -> bool:
-    return t.server_cpu_peak is not None and t.server_cpu_peak >= SERVER_BUSY
+    """The server saturated: its busiest second's CPU, with its wait for a CPU, near a core."""
+    peak = t.server_demand_peak if t.server_demand_peak is not None else t.server_cpu_peak
+    return peak is not None and peak >= SERVER_BUSY
+
+
+def server_share(cpu: float | None, demand: float | None) -> str:
+    """`CPU/CPU+wait %`: the server's busiest second on a CPU, and on one or waiting for one,
+    in % of a core."""
+    if cpu is None:
+        return "-"
+    return f"{cpu * 100:.0f}/{'-' if demand is None else format(demand * 100, '.0f')}%"
+
+
+def server_verdict(trials: list[Trial], server: str) -> str:
+    """One line: was the server the limit anywhere in these trials?"""
+    cpu = max((t.server_cpu_peak or 0.0 for t in trials), default=0.0)
+    demand = max((t.server_demand_peak or t.server_cpu_peak or 0.0 for t in trials), default=0.0)
+    limit = f"{SERVER_BUSY * 100:.0f}%"
+    verdict = (
+        f"below {limit}: it was not the limit"
+        if demand < SERVER_BUSY
+        else f"AT OR ABOVE {limit}: the trials marked server-bound measured it"
+    )
+    return (
+        f"the server ({server}) at its busiest second: {cpu * 100:.0f}% of its core on CPU, "
+        f"{demand * 100:.0f}% on CPU or waiting for one ({verdict})"
+    )
 
 
 def rounds(bench: Bench) -> list[Trial]:
@@ -170,6 +198,7 @@ def medians(trials: list[Trial], tools: list[str], rates: list[float]) -> list[d
                 return statistics.median(xs) if xs else None
 
             peaks = [t.server_cpu_peak for t in mine if t.server_cpu_peak is not None]
+            demands = [t.server_demand_peak for t in mine if t.server_demand_peak is not None]
             out.append(
                 {
                     "rate": rate,
@@ -181,6 +210,7 @@ def medians(trials: list[Trial], tools: list[str], rates: list[float]) -> list[d
                     "lag_p99_ms": med("lag_p99_ms"),
                     "failed": sum(t.failed for t in mine),
                     "server_cpu_peak": max(peaks) if peaks else None,
+                    "server_demand_peak": max(demands) if demands else None,
                 }
             )
     return out
@@ -198,7 +228,7 @@ def print_medians(rows: list[dict[str, Any]]) -> None:
             ratio = f"{ours['ttft_p99_ms'] / r['ttft_p99_ms']:.3f}"
         ach = "-" if r["achieved_rate"] is None else f"{r['achieved_rate']:.1f}"
         ttft = "-" if r["ttft_p99_ms"] is None else f"{r['ttft_p99_ms']:.2f}"
-        peak = "-" if r["server_cpu_peak"] is None else f"{r['server_cpu_peak'] * 100:.0f}%"
+        peak = server_share(r["server_cpu_peak"], r["server_demand_peak"])
         kept = f"{r['kept_rounds']}/{r['rounds']}"
         print(f"{r['rate']:6g} {r['tool']:<15}{ach:>9}{ttft:>12}{kept:>7}{peak:>11}   {ratio}")
 
@@ -270,7 +300,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=int, default=5, help="of load a trial (whole seconds)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--port", type=int, default=8199)
-    p.add_argument("--server", choices=["mock", "instant"], default="mock", help="which server")
+    p.add_argument("--server", choices=["instant", "mock"], default="instant", help="which")
     p.add_argument("--client-cores", type=int, default=1, help="cores the tool is pinned to")
     p.add_argument("--inference-perf-workers", type=int, default=0, help="0: its cores")
     p.add_argument("--no-search", action="store_true", help="skip the highest-kept-rate search")
@@ -334,13 +364,7 @@ def compare(bench: Bench) -> dict[str, Any]:
     trials = rounds(bench)
     table = medians(trials, bench.tools, args.rates)
     print_medians(table)
-    busiest = max((t.server_cpu_peak or 0.0 for t in trials), default=0.0)
-    print(
-        f"the server's busiest second over these rounds: {busiest * 100:.0f}% of its core "
-        + ("(below" if busiest < SERVER_BUSY else "(AT OR ABOVE")
-        + f" {SERVER_BUSY * 100:.0f}%: "
-        + ("it was not the limit)" if busiest < SERVER_BUSY else "some figures measure it)")
-    )
+    print(server_verdict(trials, args.server))
     found: dict[str, dict[str, Any]] = {}
     if not args.no_search:
         for tool in bench.tools:

@@ -89,17 +89,27 @@ def test_a_tool_that_writes_no_output_is_an_error_not_a_figure(tmp_path: Path) -
     assert t.achieved_rate is None and not t.kept
 
 
-def test_the_servers_busiest_second_is_its_peak_share() -> None:
+def test_the_servers_busiest_second_on_and_waiting_for_a_cpu() -> None:
     share = CpuShare(pid=0)
-    # a sample every 0.25 s: idle, then one second at 95% of a core, then idle again
-    cpu = [0.0] * 4 + [0.2375 * k for k in range(1, 5)] + [0.95] * 4
-    share.samples = [(0.25 * i, c) for i, c in enumerate(cpu)]
-    assert share.peak() == pytest.approx(0.95)
-    row = peers.Trial("ours", 1000, 10, server_cpu_peak=0.95)
-    assert bench.server_bound(row) and "server-bound" in bench.row(row)
+    # a sample every 0.25 s: idle, then one second at 60% of a core and 35% waiting for one
+    cpu = [0.0] * 4 + [0.15 * k for k in range(1, 5)] + [0.6] * 4
+    wait = [0.0] * 4 + [0.0875 * k for k in range(1, 5)] + [0.35] * 4
+    share.samples = [(0.25 * i, c, w) for i, (c, w) in enumerate(zip(cpu, wait, strict=True))]
+    assert share.peaks() == pytest.approx((0.6, 0.95))
 
 
-@pytest.mark.parametrize("server", ["mock", "instant"])
+def test_a_server_busy_or_starved_marks_the_trial_server_bound() -> None:
+    busy = peers.Trial("ours", 1000, 10, server_cpu_peak=0.95, server_demand_peak=0.95)
+    starved = peers.Trial("ours", 1000, 10, server_cpu_peak=0.5, server_demand_peak=0.95)
+    idle = peers.Trial("ours", 1000, 10, server_cpu_peak=0.5, server_demand_peak=0.55)
+    assert bench.server_bound(busy) and bench.server_bound(starved)
+    assert not bench.server_bound(idle)
+    assert "server-bound" in bench.row(starved) and "server-bound" not in bench.row(idle)
+    assert "AT OR ABOVE" in bench.server_verdict([idle, starved], "instant")
+    assert "not the limit" in bench.server_verdict([idle], "instant")
+
+
+@pytest.mark.parametrize("server", ["instant", "mock"])
 def test_one_short_round_of_ours_alone(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], server: str
 ) -> None:
@@ -116,5 +126,6 @@ def test_one_short_round_of_ours_alone(
     assert trial["server_requests"] >= 200  # the server saw every request the tool counted
     assert trial["achieved_rate"] > 0 and trial["ttft_p99_ms"] > 0
     assert trial["source"].endswith("summary.json")
+    assert 0 <= trial["server_cpu_peak"] <= trial["server_demand_peak"]
     (median,) = everything["medians"]
     assert median["tool"] == "ours" and median["rounds"] == 1
