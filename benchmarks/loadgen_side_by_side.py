@@ -122,7 +122,7 @@ class Bench:
 
 
 HEADER = (
-    f"{'rate':>6} {'tool':<15}{'sched':>8}{'achieved':>9}{'err %':>7}{'TTFT p99 ms':>12}"
+    f"{'rate':>7} {'tool':<15}{'sched':>8}{'achieved':>9}{'err %':>7}{'TTFT p99 ms':>12}"
     f"{'lag p99 ms':>11}{'failed':>7}{'server':>10}  kept"
 )
 
@@ -134,7 +134,7 @@ def row(t: Trial) -> str:
     err = t.rate_error
     kept = ("yes" if t.kept else "no") + (" (server-bound)" if server_bound(t) else "")
     line = (
-        f"{t.asked_rate:6g} {t.tool:<15}{f(t.scheduled_rate, '.1f'):>8}"
+        f"{t.asked_rate:7g} {t.tool:<15}{f(t.scheduled_rate, '.1f'):>8}"
         f"{f(t.achieved_rate, '.1f'):>9}{f(None if err is None else err * 100, '+.2f'):>7}"
         f"{f(t.ttft_p99_ms, '.2f'):>12}{f(t.lag_p99_ms, '.2f'):>11}{t.failed:>7d}"
         f"{server_share(t.server_cpu_peak, t.server_demand_peak):>10}"
