@@ -9,6 +9,7 @@ driver merging their records; the server keeps its core and the client (driver a
 gets every other core of the machine, shared when there are fewer than N.
 
     python benchmarks/loadgen_capacity.py [--seconds 4] [--start 250] [--workers N]
+        [--server instant]
 """
 
 from __future__ import annotations
@@ -44,10 +45,15 @@ MAX_RATE_ERROR, MAX_P99_LAG_S = 0.01, 0.005
 
 
 @contextlib.contextmanager
-def mock_server(port: int, core: int | None) -> Iterator[subprocess.Popen]:
-    """The instant server, pinned to its core, stopped however the benchmark ends."""
+def mock_server(port: int, core: int | None, kind: str = "mock") -> Iterator[subprocess.Popen]:
+    """The instant server, pinned to its core, stopped however the benchmark ends: `mock`,
+    loadgen.mock_server answering at once, or `instant`, benchmarks/instant_server.py (the
+    same responses on a bare asyncio protocol, cheaper per request)."""
     cmd = [sys.executable, "-m", "loadgen.mock_server", "--port", str(port)]
     cmd += ["--ttft", "0", "--itl", "0"]
+    if kind == "instant":
+        cmd = [sys.executable, str(Path(__file__).with_name("instant_server.py"))]
+        cmd += ["--port", str(port)]
     pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
     with group_child(cmd, preexec_fn=pin, stderr=subprocess.DEVNULL) as proc:
         for _ in range(100):
@@ -132,13 +138,14 @@ def main() -> None:
     p.add_argument("--port", type=int, default=8199)
     p.add_argument("--dashboard", action="store_true", help="with the live dashboard redrawing")
     p.add_argument("--workers", type=int, default=1, help="worker processes sending the load")
+    p.add_argument("--server", choices=["mock", "instant"], default="mock", help="which server")
     a = p.parse_args()
     cores = sorted(os.sched_getaffinity(0))
     server_core = cores[-1] if len(cores) > 1 else None
     client_cores = [c for c in cores if c != server_core]
     if a.workers == 1:
         client_cores = client_cores[:1]
-    with mock_server(a.port, server_core):
+    with mock_server(a.port, server_core, a.server):
         os.sched_setaffinity(0, set(client_cores))  # the workers inherit it
         url = f"http://127.0.0.1:{a.port}/v1"
         print(
