@@ -10,10 +10,16 @@ its descheduled partner needs, and each of the step's regions can wait a schedul
 ~10 ms over a step's regions, which is ~40 % of a one-sequence step (figures:
 docs/results/2026-12-06-contention.md). vLLM runs Intel OpenMP with a short KMP_BLOCKTIME.
 
-So by default (`SERVEBENCH_OMP_PASSIVE` unset or `auto`) threads sleep when the machine is
-busy when the engine is imported: a 1-minute load average of at least half a core
-(BUSY_LOAD), i.e. other processes already compete for the cores. `SERVEBENCH_OMP_PASSIVE=1`
-always sleeps, `=0` keeps libgomp's default; a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+So by default (`SERVEBENCH_OMP_PASSIVE` unset or `auto`) idle threads spin SPIN_COUNT times
+before they sleep: near full spinning's speed on a quiet machine (B=1 0.72 s against 0.76
+float32, B=8 +8-10 %), and no collapse beside a neighbour (beside a 2-thread torch loop B=1
+float32 1.54 s against 2.53 spinning and 1.37 sleeping; `bench run`'s decode steps 44.8 ms
+against 49.8 spinning and 61.4 sleeping; docs/results/2026-12-07-neighbours-quiet.md). The
+rule it replaces chose from the load average at start-up, which our own start-up moved: two
+engines of one benchmark got different policies, and a sleeping engine on a quiet machine
+decoded one sequence 2-3x slower. `SERVEBENCH_OMP_PASSIVE=1` always sleeps, `=0` keeps
+libgomp's default; a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+
 libgomp reads its environment once, when torch loads it: hence at `import engine`, as
 cpu_alloc's allocator settings. The variable is inherited by the processes the engine's
 process starts."""
@@ -25,7 +31,7 @@ import sys
 from dataclasses import dataclass
 
 USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-BUSY_LOAD = 0.5  # runnable threads of other processes, averaged over a minute
+SPIN_COUNT = 3000  # libgomp's default is 300,000 (milliseconds of spinning)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,27 +40,29 @@ class WaitPolicy:
     reason: str  # why, for the start-up log
 
 
-def choose(env: dict[str, str], load: float, torch_loaded: bool) -> WaitPolicy:
-    """The policy for this environment, 1-minute load average and import order."""
+def choose(env: dict[str, str], torch_loaded: bool) -> WaitPolicy:
+    """The policy for this environment and import order."""
     for var in USER_VARS:
         if var in env:
             return WaitPolicy(f"{var}={env[var]}", "set by the user")
     switch = env.get("SERVEBENCH_OMP_PASSIVE", "auto")
     if switch == "0":
         return WaitPolicy("default", "SERVEBENCH_OMP_PASSIVE=0")
-    if switch != "1" and load < BUSY_LOAD:
-        return WaitPolicy("default", f"machine quiet at start (load {load:.2f}): threads spin")
     if torch_loaded:  # libgomp has read its environment already
         return WaitPolicy("default", "torch was imported before engine: threads spin when idle")
-    why = "SERVEBENCH_OMP_PASSIVE=1" if switch == "1" else f"machine busy (load {load:.2f})"
-    return WaitPolicy("passive", f"{why}: idle threads sleep")
+    if switch == "1":
+        return WaitPolicy("passive", "SERVEBENCH_OMP_PASSIVE=1: idle threads sleep")
+    return WaitPolicy(
+        f"spin {SPIN_COUNT}", "short spins, then sleep: fast when quiet, no collapse beside others"
+    )
 
 
 def apply() -> WaitPolicy:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    chosen = choose(dict(os.environ), load, "torch" in sys.modules)
+    chosen = choose(dict(os.environ), "torch" in sys.modules)
     if chosen.policy == "passive":
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif chosen.policy == f"spin {SPIN_COUNT}":
+        os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     return chosen
 
 
