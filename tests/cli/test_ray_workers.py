@@ -7,7 +7,7 @@ import io
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -22,16 +22,6 @@ def test_without_ray_the_run_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(ValueError, match=r"pip install 'servebench\[ray\]'"):
         import_ray()
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray = pytest.importorskip(
-        "ray", reason="ray is not installed: pip install 'servebench[ray]' runs these tests"
-    )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_ray_workers_write_the_merged_records_with_their_clock_offsets(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,16 +47,6 @@ def sweep(
     options = SweepOptions(ray_address=ray, **kw)
     rc = run_sweep(str(path), flags, options, Console(file=buf, width=160))
     return rc, " ".join(buf.getvalue().split())
-
-
-@pytest.fixture(scope="module")
-def local_ray() -> Iterator[None]:
-    ray = pytest.importorskip(
-        "ray", reason="ray is not installed: pip install 'servebench[ray]' runs these tests"
-    )
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def _files(folder: Path) -> set[str]:
