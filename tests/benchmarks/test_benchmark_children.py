@@ -31,7 +31,10 @@ class SamplingParams:
 """
 
 PARENT = """
-import argparse, pathlib, sys
+import argparse, pathlib, signal, sys
+# Ctrl-C as a terminal delivers it, whatever the suite inherited: a shell's background job
+# (`cmd &` in a script, nohup) starts with SIGINT ignored, and so would this process.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {bench!r})
 import vllm_side_by_side as v
 args = argparse.Namespace(vllm_python=sys.executable, vllm_kv_gb=1, vllm_binding="default")
