@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import aiohttp
@@ -182,12 +183,8 @@ class OpenAIBackend:
         finished: set[int],
     ) -> bool:
         """Record a read's events; True once the stream is over ([DONE] or an error event)."""
-        for event in events:
-            chunk = self._event(event)
-            if chunk is None:
-                continue
-            if chunk is _DONE:
-                return True
+        datas, done = _event_data(events)
+        for chunk in _chunks(datas):
             if chunk.get("error"):
                 rec.status, rec.error = "error", _error_message(json.dumps(chunk))
                 return True
@@ -212,19 +209,7 @@ class OpenAIBackend:
                     finished.add(int(choice.get("index") or 0))
                     if rec.finish_reason not in ("abort", "error"):  # one choice's abort fails it
                         rec.finish_reason = choice["finish_reason"]
-        return False
-
-    @staticmethod
-    def _event(event: bytes) -> dict[str, Any] | None:
-        data = _sse_data(event)
-        if data is None:
-            return None
-        if data == b"[DONE]":
-            return _DONE
-        chunk = json.loads(data)
-        if not isinstance(chunk, dict):  # `data: 1`: the server's bug, this request's failure
-            raise ValueError(f"a stream chunk is not a JSON object: {data[:200]!r}")
-        return chunk
+        return done
 
     def _count_tokens(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
         """Output tokens from the server's usage, else our tokenizer, else one per chunk; and
@@ -258,13 +243,48 @@ class OpenAIBackend:
         rec.chunk_tokens = [q + (k < r) for k in range(n_chunks)]
 
 
-_DONE: dict[str, Any] = {}
+def _event_data(events: list[bytes]) -> tuple[list[bytes], bool]:
+    """The data of a read's events up to [DONE], and whether [DONE] came."""
+    datas = []
+    for event in events:
+        data = _sse_data(event)
+        if data == b"[DONE]":
+            return datas, True
+        if data is not None:
+            datas.append(data)
+    return datas, False
 
 
 def _sse_data(event: bytes) -> bytes | None:
     """The data of one server-sent event (its `data:` lines joined), None if it has none."""
+    if b"\n" not in event:  # one line, as nearly every server sends
+        return event[5:].strip() if event.startswith(b"data:") else None
     lines = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
     return b"\n".join(lines) if lines else None
+
+
+def _chunks(datas: list[bytes]) -> Iterator[dict[str, Any]]:
+    """The events' JSON objects, a read's events parsed in one json.loads: one call per
+    event was most of the client's time at thousands of streams a second (32,000 chunks a
+    second at 1,000 req/s). Where that does not give one object per event, one by one, so
+    the events before a broken one still count and the error names it."""
+    if len(datas) > 1:
+        try:
+            chunks = json.loads(b"[" + b",".join(datas) + b"]")
+        except ValueError:
+            chunks = None
+        if (
+            isinstance(chunks, list)
+            and len(chunks) == len(datas)
+            and all(type(c) is dict for c in chunks)
+        ):
+            yield from chunks
+            return
+    for data in datas:
+        chunk = json.loads(data)
+        if not isinstance(chunk, dict):  # `data: 1`: the server's bug, this request's failure
+            raise ValueError(f"a stream chunk is not a JSON object: {data[:200]!r}")
+        yield chunk
 
 
 def _not_a_stream(body: str) -> str:

@@ -252,3 +252,24 @@ def test_printable_shows_control_and_format_characters_as_escapes() -> None:
 
     assert printable("a\x1b[2Jb\x07\r\u202eé\n") == "a\\x1b[2Jb\\x07\\r\\u202eé\n"
     assert printable("x" * 5, limit=3) == "xxx..."
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        (b"data: 1", "a stream chunk is not a JSON object: b'1'"),
+        (b'data: {"choices": [', "Expecting value"),
+    ],
+)
+def test_a_broken_event_among_good_ones_in_one_read_is_named(bad: bytes, error: str) -> None:
+    """A read's events are parsed in one json.loads; a broken one among them still fails the
+    request with its own message, and the events before it in that read still count."""
+    backend = OpenAIBackend("http://127.0.0.1:1/v1", "m")
+    good = [b'data: {"choices": [{"index": 0, "text": "t"}]}'] * 2
+    rec = RequestRecord(index=0, request_id="r", input_len=1, output_len=4)
+    with pytest.raises(ValueError, match=error.replace("[", r"\[")):
+        backend._take([*good, bad, *good], 0.5, rec, [], {}, set())
+    assert rec.chunk_s == [0.5, 0.5]
+    rec = RequestRecord(index=0, request_id="r", input_len=1, output_len=4)
+    assert backend._take([*good, b"data: [DONE]", bad], 0.5, rec, [], {}, set())
+    assert rec.chunk_s == [0.5, 0.5]  # nothing after [DONE] is read
