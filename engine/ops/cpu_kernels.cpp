@@ -63,6 +63,68 @@ void tile_rows(int64_t rows, const float* x, int64_t k, const typename W::T* blo
   TORCH_CHECK(false, "servebench::linear: ", rows, " rows in one tile");
 }
 
+// Rows of x times float32 weights on AVX-512, where a block row is one vector: MR rows are then
+// only 6 chains of dependent FMAs, too few to cover their latency on two FMA pipes (~67 % of
+// peak, 0.72x oneDNN's time at 64-1024 rows; 8 rows took two passes). WIDE blocks x WIDE_MR
+// rows are 24 chains, each row's x[k] broadcast once for the WIDE weight loads: oneDNN's time
+// at 256-1024 rows, 1.1-1.4x faster at 8-64 (benchmarks/cpu_linear.py). AVX2's 16 registers
+// hold no more than its 12 accumulators of MR rows x 2 vectors.
+constexpr int64_t WIDE = NV == 1 ? 3 : 1;
+constexpr int64_t WIDE_MR = 8;
+constexpr int64_t WIDE_ROWS = 2;  // one row streams the same at 1 or 3 chains
+
+template <int64_t M>
+void wide_tile(const float* x, int64_t k, const float* block, float* y, int64_t ldy) {
+  Vec acc[WIDE][M];
+  for (int64_t b = 0; b < WIDE; ++b)
+    for (int64_t i = 0; i < M; ++i) acc[b][i] = Vec(0.f);
+  for (int64_t j = 0; j < k; ++j) {
+    Vec w[WIDE];
+    for (int64_t b = 0; b < WIDE; ++b) w[b] = Vec::loadu(block + b * k * NB + j * NB);
+    for (int64_t i = 0; i < M; ++i) {
+      const Vec xj(x[i * k + j]);
+      for (int64_t b = 0; b < WIDE; ++b) acc[b][i] = at::vec::fmadd(xj, w[b], acc[b][i]);
+    }
+  }
+  for (int64_t b = 0; b < WIDE; ++b)
+    for (int64_t i = 0; i < M; ++i) acc[b][i].store(y + i * ldy + b * NB);
+}
+
+void wide_rows(int64_t rows, const float* x, int64_t k, const float* block, float* y,
+               int64_t ldy) {
+  switch (rows) {
+    case 1: return wide_tile<1>(x, k, block, y, ldy);
+    case 2: return wide_tile<2>(x, k, block, y, ldy);
+    case 3: return wide_tile<3>(x, k, block, y, ldy);
+    case 4: return wide_tile<4>(x, k, block, y, ldy);
+    case 5: return wide_tile<5>(x, k, block, y, ldy);
+    case 6: return wide_tile<6>(x, k, block, y, ldy);
+    case 7: return wide_tile<7>(x, k, block, y, ldy);
+    case 8: return wide_tile<8>(x, k, block, y, ldy);
+  }
+}
+
+// Groups of WIDE blocks split over the threads: whole groups as wide tiles, the last (short,
+// or holding the padded block) one block at a time.
+void wide_linear(const float* x, int64_t m, int64_t k, const float* w, float* y, int64_t n,
+                 int64_t nblocks) {
+  at::parallel_for(0, (nblocks + WIDE - 1) / WIDE, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t b0 = g * WIDE;
+      if ((b0 + WIDE) * NB <= n) {
+        for (int64_t i = 0; i < m; i += WIDE_MR)
+          wide_rows(std::min(WIDE_MR, m - i), x + i * k, k, w + b0 * k * NB, y + i * n + b0 * NB,
+                    n);
+        continue;
+      }
+      for (int64_t b = b0; b < std::min(b0 + WIDE, nblocks); ++b)
+        for (int64_t i = 0; i < m; i += F32::MR)
+          tile_rows<F32>(std::min(F32::MR, m - i), x + i * k, k, w + b * k * NB, nullptr,
+                         y + i * n + b * NB, n, std::min(NB, n - b * NB));
+    }
+  });
+}
+
 // x [m, k] times blocks [ceil(n / NB), k, NB]: blocks split over torch's threads, each block
 // read from memory once and from cache for the next MR rows of x.
 template <typename W>
@@ -80,6 +142,12 @@ at::Tensor blocked_linear(const at::Tensor& x_in, const at::Tensor& blocks, cons
   const float* xp = x.data_ptr<float>();
   const auto* wp = static_cast<const typename W::T*>(blocks.const_data_ptr());
   float* yp = y.data_ptr<float>();
+  if constexpr (std::is_same_v<W, F32> && WIDE > 1) {
+    if (m >= WIDE_ROWS) {
+      wide_linear(xp, m, k, wp, yp, n, blocks.size(0));
+      return y;
+    }
+  }
   // Past one pass of rows, a low-precision block is upcast once into a float32 one (in L1 or
   // L2) that the float32 tiles then read: upcast in registers for every pass of rows, the
   // FMAs waited on the conversions (64 rows: 1.5x float32's time; upcast once, 0.97x).

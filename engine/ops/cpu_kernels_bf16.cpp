@@ -96,10 +96,60 @@ BF16_TARGET void tile_rows(int64_t rows, const int32_t* x, int64_t k2, const uin
   }
 }
 
-// Blocks [begin, end) for every row of x: what one thread computes.
+// Rows [0, M) times NBK adjacent whole blocks: M * NBK accumulators. One block's 8 rows are
+// 8 chains of dependent vdpbf16ps, too few to cover its latency on both FMA pipes (~60 % of
+// torch's oneDNN product at prefill's row counts); 3 blocks x 8 rows are 24, each row's x pair
+// broadcast once for the three weight loads.
+template <int64_t M, int64_t NBK>
+BF16_TARGET void wide_tile(const int32_t* x, int64_t k2, const uint16_t* block, uint16_t* y,
+                           int64_t ldy) {
+  __m512 acc[NBK][M];
+  for (int64_t b = 0; b < NBK; ++b)
+    for (int64_t i = 0; i < M; ++i) acc[b][i] = _mm512_setzero_ps();
+  const int64_t stride = k2 * 2 * NB;  // one block's elements
+  for (int64_t j = 0; j < k2; ++j) {
+    __m512bh w[NBK];
+    for (int64_t b = 0; b < NBK; ++b)
+      w[b] = (__m512bh)_mm512_loadu_si512(block + b * stride + j * 2 * NB);
+    for (int64_t i = 0; i < M; ++i) {
+      const __m512bh xi = (__m512bh)_mm512_set1_epi32(x[i * k2 + j]);
+      for (int64_t b = 0; b < NBK; ++b) acc[b][i] = _mm512_dpbf16_ps(acc[b][i], xi, w[b]);
+    }
+  }
+  for (int64_t b = 0; b < NBK; ++b)
+    for (int64_t i = 0; i < M; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + i * ldy + b * NB),
+                          (__m256i)_mm512_cvtneps_pbh(acc[b][i]));
+}
+
+constexpr int64_t WIDE = 3;       // blocks per wide tile
+constexpr int64_t WIDE_ROWS = MR + 1;  // past one pass of rows (prefill, batches over 8)
+
+BF16_TARGET void wide_rows(int64_t rows, const int32_t* x, int64_t k2, const uint16_t* block,
+                           uint16_t* y, int64_t ldy) {
+  switch (rows) {
+    case 1: return wide_tile<1, WIDE>(x, k2, block, y, ldy);
+    case 2: return wide_tile<2, WIDE>(x, k2, block, y, ldy);
+    case 3: return wide_tile<3, WIDE>(x, k2, block, y, ldy);
+    case 4: return wide_tile<4, WIDE>(x, k2, block, y, ldy);
+    case 5: return wide_tile<5, WIDE>(x, k2, block, y, ldy);
+    case 6: return wide_tile<6, WIDE>(x, k2, block, y, ldy);
+    case 7: return wide_tile<7, WIDE>(x, k2, block, y, ldy);
+    case 8: return wide_tile<8, WIDE>(x, k2, block, y, ldy);
+  }
+}
+
+// Blocks [begin, end) for every row of x: what one thread computes. Many rows: WIDE whole
+// blocks at a time while they last, then one at a time (the padded last block among them).
 BF16_TARGET void blocks_range(int64_t begin, int64_t end, const int32_t* x, int64_t m,
                               int64_t k2, const uint16_t* w, uint16_t* y, int64_t n) {
-  for (int64_t b = begin; b < end; ++b) {
+  int64_t b = begin;
+  if (m >= WIDE_ROWS)
+    for (; b + WIDE <= end && (b + WIDE) * NB <= n; b += WIDE)
+      for (int64_t i = 0; i < m; i += MR)
+        wide_rows(std::min(MR, m - i), x + i * k2, k2, w + b * k2 * 2 * NB, y + i * n + b * NB,
+                  n);
+  for (; b < end; ++b) {
     const int64_t cols = std::min(NB, n - b * NB);
     const uint16_t* block = w + b * k2 * 2 * NB;
     for (int64_t i = 0; i < m; i += MR)
@@ -127,8 +177,9 @@ at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   const auto* wp = static_cast<const uint16_t*>(blocks.const_data_ptr());
   auto* yp = static_cast<uint16_t*>(y.data_ptr());
   if (m > 0)
-    at::parallel_for(0, blocks.size(0), 4, [&](int64_t begin, int64_t end) {
-      blocks_range(begin, end, xp, m, k2, wp, yp, n);
+    // Threads take whole wide tiles (groups of WIDE blocks), the last group maybe short.
+    at::parallel_for(0, (blocks.size(0) + WIDE - 1) / WIDE, 1, [&](int64_t begin, int64_t end) {
+      blocks_range(begin * WIDE, std::min(end * WIDE, blocks.size(0)), xp, m, k2, wp, yp, n);
     });
 #endif
   return y;

@@ -31,11 +31,11 @@ def bf16_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 
 # Every tile height (1-8 rows, then passes of 8 and a partial one) and prefill-sized counts.
-ROWS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 64, 130]
+ROWS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 23, 64, 130]
 
 
 @needs_bf16
-@pytest.mark.parametrize("shape", [(96, 160), (101, 163), (576, 1536), (7, 3)])
+@pytest.mark.parametrize("shape", [(96, 160), (101, 163), (576, 1536), (7, 3), (64, 80), (33, 112)])
 @pytest.mark.parametrize("rows", ROWS)
 def test_bf16_kernel_equals_a_float32_product_of_the_same_values(
     rows: int, shape: tuple[int, int]
