@@ -16,9 +16,10 @@ def sample(logits: torch.Tensor, requests: list[Request], generator: torch.Gener
     """logits: [N, vocab], one row per request. Returns one token id per row."""
     if any(r.params.processes_logits for r in requests):  # logit_bias, penalties, ...
         logits = apply_processors(logits, requests)
-    # Argmax needs no upcast (bf16 -> fp32 is exact), and skipping it saves a
-    # [N, vocab] float32 copy every step.
-    greedy = logits.argmax(dim=-1)
+    # No upcast (bf16 -> fp32 is exact). max's indices, not argmax: the same first index of
+    # the maximum (NaN included), and on bf16 logits torch's argmax took 3x as long (SmolLM2's
+    # vocabulary, 2 threads: 0.72 ms against 0.24 at 8 rows, 2.9 against 1.0 at 32).
+    greedy = logits.max(dim=-1).indices
     if all(r.params.greedy for r in requests):
         return greedy.tolist()
     params = [r.params for r in requests]
