@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from bench_cli.console import console
+from bench_cli.console import console, print_error
 from bench_cli.engine_options import engine_options
 from engine.serving.access_log import QUIET_PATHS
 from engine.serving.limits import API_KEY_ENV, ServerLimits
@@ -236,7 +236,7 @@ def export_model(
     try:
         loaded = load_model(model, getattr(torch, dtype), torch.device("cpu"))
     except ModelLoadError as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     path = export_hf_dir(loaded, out)
     console.print(f"wrote {path} ({loaded.config.num_layers} layers, {dtype})", highlight=False)

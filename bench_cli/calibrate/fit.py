@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bench_cli.console import print_error
 from engine.sim.sim_engine import cost_settings
 from engine.sim.step_time import Calibrated, default_profile_path, fit, read_steps
 
@@ -103,7 +104,7 @@ def calibrate(
             raise ValueError("the cache is off (SERVEBENCH_CACHE_DIR=0): give --out")
         profile.save(path)
     except (ValueError, OSError, KeyError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        print_error(console, str(e))
         return 2
     show(profile, console)
     console.print(f"profile: {escape(str(path))}", highlight=False)

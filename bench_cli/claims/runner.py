@@ -17,6 +17,7 @@ from bench_cli.claims.catalog import CLAIMS, select
 from bench_cli.claims.claim import Claim, Scale, Simulation, models_run
 from bench_cli.claims.evidence import read_sweep
 from bench_cli.claims.verdict import Finding, unmeasurable
+from bench_cli.console import print_error
 from bench_cli.export import environment, run_dir, write_json
 from bench_cli.run.execute import INVALID_EXIT
 from loadgen.redact import redact_url
@@ -51,7 +52,7 @@ def run_claims(
         folder = Path(resume) if resume else run_dir(out, "claims")
         record = _start(folder, scale, claims, resume is not None)
     except (ValueError, OSError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        print_error(console, str(e))
         return 2
     todo = [c for c in claims if c.id not in record["findings"]]
     minutes = sum(c.minutes[0 if quick else 1] for c in todo if c.runs_at(scale))

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from bench_cli.console import console
+from bench_cli.console import console, print_error
 
 Opt = typer.Option
 
@@ -58,7 +58,7 @@ def gate(
         ):
             warnings.append("compared although INVALID (--allow-invalid): " + "; ".join(bad))
     except GateInputError as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     title = f"gate: {current}" + (f" vs {baseline}" if baseline else "")
     table = Table(title=escape(title))

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from bench_cli.console import console
+from bench_cli.console import console, print_error
 
 
 def build_report(path: Path, embed: bool = True) -> Path:
@@ -53,6 +53,6 @@ def report(
         else:
             path = build_report(Path(folder), embed=not cdn)
     except (ValueError, OSError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        print_error(console, str(e))
         raise typer.Exit(2) from None
     console.print(f"wrote {escape(str(path))}", highlight=False)

@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from bench_cli.console import print_error
 from bench_cli.export import environment, run_dir, write_json, write_summary
 from bench_cli.local_server import LocalServer, ServerStartError
 from bench_cli.run.interrupts import Interrupted, raising_on_signals
@@ -70,7 +71,7 @@ def _execute(
         console.print(f"[bold red]error:[/] the bundled engine did not start: {escape(str(e))}")
         return 2
     except (ValueError, OSError, ModelLoadError) as e:
-        console.print(f"[bold red]error:[/] {escape(printable(e))}", highlight=False)
+        print_error(console, printable(e))
         return 2
     target = redact_url(cfg.base_url) if cfg.base_url else f"bundled {cfg.model}"
     if cfg.engine_kind == "sim":

@@ -31,6 +31,7 @@ import numpy as np
 from rich.console import Console
 from rich.markup import escape
 
+from bench_cli.console import print_error
 from bench_cli.export import run_dir, write_json
 from bench_cli.run.execute import INVALID_EXIT, resolve_config
 from bench_cli.run.interrupts import Interrupted, raising_on_signals
@@ -140,7 +141,7 @@ def _run_sweep(
                 if serve is None and cfg.base_url and len(grid(planned)) * repeat > 1:
                     shared = redact_url(cfg.base_url)
     except (ValueError, OSError, ModelLoadError) as e:
-        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        print_error(console, str(e))
         return 2
     write_json(sweep_dir / "sweep.json", plan)
     total = len(grid(planned))

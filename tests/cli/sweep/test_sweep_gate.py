@@ -167,8 +167,11 @@ def test_resume_refuses_a_changed_sweep(swept: tuple[Path, Path, str]) -> None:
 
 
 def test_sweep_errors_are_printed_as_written(tmp_path: Path) -> None:
-    """Rich markup would eat `[sweep]` out of the message."""
-    plain = tmp_path / "plain.toml"
+    """Rich markup would eat `[sweep]` out of the message, and wrapping would fold a long
+    path through it (the CI's temporary folder once grew one character too many)."""
+    deep = tmp_path / ("d" * 150)
+    deep.mkdir()
+    plain = deep / "plain.toml"
     plain.write_text('name = "x"\n')
     rc, printed = sweep(tmp_path, plain)
     assert rc == 2 and "has no [sweep] table" in printed, printed
