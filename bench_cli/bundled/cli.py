@@ -239,4 +239,8 @@ def export_model(
         print_error(console, str(e))
         raise typer.Exit(2) from None
     path = export_hf_dir(loaded, out)
-    console.print(f"wrote {path} ({loaded.config.num_layers} layers, {dtype})", highlight=False)
+    console.print(
+        f"wrote {path} ({loaded.config.num_layers} layers, {dtype})",
+        highlight=False,
+        soft_wrap=True,
+    )

@@ -107,7 +107,7 @@ def calibrate(
         print_error(console, str(e))
         return 2
     show(profile, console)
-    console.print(f"profile: {escape(str(path))}", highlight=False)
+    console.print(f"profile: {escape(str(path))}", highlight=False, soft_wrap=True)
     return 0
 
 

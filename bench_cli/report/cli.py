@@ -55,4 +55,4 @@ def report(
     except (ValueError, OSError) as e:
         print_error(console, str(e))
         raise typer.Exit(2) from None
-    console.print(f"wrote {escape(str(path))}", highlight=False)
+    console.print(f"wrote {escape(str(path))}", highlight=False, soft_wrap=True)

@@ -86,7 +86,9 @@ def _execute(
             console.print(escape(line), highlight=False)
     report = out_dir / "report.html"
     opened = f" · open {report} in a browser" if report.is_file() else ""
-    console.print(f"results: {escape(str(out_dir))}/{escape(opened)}", highlight=False)
+    console.print(
+        f"results: {escape(str(out_dir))}/{escape(opened)}", highlight=False, soft_wrap=True
+    )
     return exit_code(summary)  # print_result said why, when it is not 0
 
 

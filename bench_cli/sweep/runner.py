@@ -148,6 +148,7 @@ def _run_sweep(
     console.print(
         escape(f"sweep {name}: {total} points x {repeat} runs -> {sweep_dir}/"),
         highlight=False,
+        soft_wrap=True,
     )
     sweep = Sweep(base, flags, sweep_dir, name, repeat, options.dashboard, console, serve)
     if spec is not None and spec.auto and anchors is None:
@@ -186,7 +187,9 @@ def _run_sweep(
     if found_by is not None:  # the rates tested, for the report's load axis
         write_json(sweep_dir / "sweep.json", plan | {"report_axes": axes})
     sweep_report(sweep_dir)
-    console.print(f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False)
+    console.print(
+        f"sweep results: {sweep_dir}/sweep.csv and report.html", highlight=False, soft_wrap=True
+    )
     return INVALID_EXIT if any(invalid(r) for r in rows) else 0
 
 
