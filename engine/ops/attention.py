@@ -1,5 +1,7 @@
-"""Paged attention in pure PyTorch: K/V live in fixed-size blocks and are read only
-through per-request block tables.
+"""Paged attention: K/V live in fixed-size blocks and are read only through per-request
+block tables. On CPU the engine's kernels take decodes (ops/cpu_attention.cpp) and prefill
+chunks (ops/cpu_prefill_attention.cpp) where they fit; the PyTorch formula here takes the
+rest, and is what the kernels are tested against.
 
 A step's tokens come decode-first: the first `num_decode_tokens` are single-token queries
 (decodes, or one-token prefill chunks); the rest are prefill chunks of any length, each
@@ -17,6 +19,7 @@ from engine.ops import cpu_decode_attention
 from engine.ops.cpu_decode_attention import (
     fp8_kernel_fits,
     fused_decode_attention,
+    kernel_fits,
     paged_decode_attention,
 )
 from engine.ops.fp8 import quantize, upcast
@@ -208,7 +211,16 @@ def paged_attention(
         else:
             o = _eager_decode(qd, cache, meta, scale)
         out[:nd] = o.reshape(nd, num_heads, head_dim)
-    if nd < num_tokens:
+    if nd < num_tokens and kernel_fits(q, cache.k):
+        # The engine's kernel (ops/cpu_prefill_attention.cpp): the chunks' K/V read in place.
+        o = torch.ops.servebench.prefill_attention(
+            q[nd:], cache.k, cache.v, meta.block_tables[nd:], meta.seq_lens[nd:],
+            meta.query_start[nd:] - nd, scale,
+        )  # fmt: skip
+        if not nd:
+            return o
+        out[nd:] = o
+    elif nd < num_tokens:
         bp, qp = meta.prefill_gather.shape
         qpad = q[nd:][meta.prefill_gather].transpose(1, 2)  # [Bp, heads, Qp, head_dim]
         k = _gather(cache.k, cache.k_scale, meta.prefill_block_tables, q.dtype).transpose(0, 1)

@@ -80,8 +80,9 @@ def paged_decode_attention(
 
 
 def kernel_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether ops/cpu_attention.cpp's decode attention takes this batch: a float32 cache, or
-    a bf16 one (rows widened in registers, exactly) under bf16 queries."""
+    """Whether the engine's attention kernels (ops/cpu_attention.cpp's decode,
+    ops/cpu_prefill_attention.cpp's prefill) take these queries: a float32 cache, or a bf16
+    one (rows widened in registers, exactly) under bf16 queries."""
     fits = q.dtype == k_cache.dtype and q.dtype in (torch.float32, torch.bfloat16)
     fits = fits and q.shape[-1] in (64, 128)
     return fits and k_cache.device.type == "cpu" and cpu_kernels.BUILT["ok"]

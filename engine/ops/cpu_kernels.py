@@ -1,7 +1,8 @@
 """The engine's own CPU kernels: `servebench::linear` and `linear_fp8` (cpu_kernels.cpp; used
 by engine/ops/cpu_linear.py), `linear_rows` (a tied LM head kept unpacked: engine/model/
 llama.py), `servebench::decode_attention` and `decode_attention_fp8` (cpu_attention.cpp;
-engine/ops/cpu_decode_attention.py, attention.py) and `servebench::linear_bf16`
+engine/ops/cpu_decode_attention.py, attention.py), `servebench::prefill_attention`
+(cpu_prefill_attention.cpp; attention.py) and `servebench::linear_bf16`
 (cpu_kernels_bf16.cpp: AVX512-BF16 only, compiled for it function by function and refused at
 run time on other CPUs; `bf16_available()` says whether this one has it).
 
@@ -37,6 +38,7 @@ BUILT = {"ok": False}  # what `available()` found, for code that dynamo traces
 LOCK_TIMEOUT_S = float(os.environ.get("SERVEBENCH_KERNEL_LOCK_TIMEOUT", "600"))
 HERE = Path(__file__).parent
 SOURCES = tuple(HERE / name for name in ("cpu_kernels.h", "cpu_kernels.cpp", "cpu_attention.cpp",
+                                         "cpu_prefill_attention.cpp",
                                          "cpu_kernels_bf16.cpp"))  # fmt: skip
 
 # What ATen compiles its vector kernels with for each CPU capability (its vec types need them).
@@ -175,6 +177,10 @@ def available() -> bool:
         return torch.empty_like(q)
 
     @torch.library.register_fake("servebench::decode_attention")
+    def _(q: torch.Tensor, *_: object) -> torch.Tensor:
+        return torch.empty_like(q)
+
+    @torch.library.register_fake("servebench::prefill_attention")
     def _(q: torch.Tensor, *_: object) -> torch.Tensor:
         return torch.empty_like(q)
 
