@@ -12,6 +12,6 @@ from rich.markup import escape
 console = Console(width=None if sys.stdout.isatty() else 200)
 
 
-def print_error(out: Console, message: str, label: str = "error") -> None:
+def print_error(out: Console, message: str) -> None:
     """An error exactly as written: no markup read into it, no line folded through a path."""
-    out.print(f"[bold red]{label}:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    out.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

@@ -68,7 +68,7 @@ def _execute(
         )
         return e.exit_code
     except ServerStartError as e:
-        console.print(f"[bold red]error:[/] the bundled engine did not start: {escape(str(e))}")
+        print_error(console, f"the bundled engine did not start: {e}")
         return 2
     except (ValueError, OSError, ModelLoadError) as e:
         print_error(console, printable(e))

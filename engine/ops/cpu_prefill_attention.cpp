@@ -79,7 +79,7 @@ template <int64_t D, typename W>
 void attend_task(const Task& t, const float* q, int64_t heads, int64_t group, const int64_t* qs,
                  const int64_t* starts, const typename W::T* k, const typename W::T* v,
                  const int64_t* table, int64_t bs, int64_t block_stride, float scale,
-                 std::vector<float>& buf, float* out) {
+                 std::vector<float>& buf, std::vector<const typename W::T*>& v_rows, float* out) {
   constexpr int64_t RT = std::max<int64_t>(1, 16 / (D / L));  // 16 accumulators: no spills
   const int64_t n = t.tokens * group, rows = (n + L - 1) / L * L;
   const int64_t start = starts[t.request], keys = start + t.first + t.tokens;
@@ -126,7 +126,7 @@ void attend_task(const Task& t, const float* q, int64_t heads, int64_t group, co
     }
     (Vec(1.f) / sum).store(inv + c);
   }
-  std::vector<const typename W::T*> v_rows(keys);
+  v_rows.resize(keys);
   for (int64_t jj = 0; jj < keys; ++jj) v_rows[jj] = key_row(v, jj);
   float* dst[RT];
   for (int64_t r0 = 0; r0 < n; r0 += RT) {
@@ -193,12 +193,13 @@ at::Tensor prefill_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
     const auto* kp = static_cast<const typename W::T*>(k_cache.const_data_ptr());
     const auto* vp = static_cast<const typename W::T*>(v_cache.const_data_ptr());
     at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> buf;
+      std::vector<float> buf;  // a thread's scratch, grown to its largest task
+      std::vector<const typename W::T*> v_rows;
       for (int64_t x = begin; x < end; ++x) {
         const Task& t = tasks[x];
         attend_task<D, W>(t, qp, heads, group, qs, starts.data(), kp + t.head * head_stride,
                           vp + t.head * head_stride, tp + t.request * nb, bs, block_stride,
-                          static_cast<float>(scale), buf, op);
+                          static_cast<float>(scale), buf, v_rows, op);
       }
     });
   };
