@@ -9,9 +9,10 @@ generator is the neighbour) and reads the run's steps.jsonl: decode-only steps, 
 many sequences they decoded (B). Then, in this process, an engine of the same model, dtype and
 max_num_seqs decodes B sequences at the group's median context per sequence, `--offline-steps`
 steps per group. Per B it prints both medians and their ratio; beyond `--tolerance` (10 %) it
-says so. The offline steps are not interleaved with the run's, so a machine whose
-load changes between the two halves shows up here too: one B is also timed offline before the
-run, and the server's OpenMP wait policy is printed (engine/omp_wait.py)."""
+says so. Rounds alternate
+(a run, then its batches offline), and the ratio is the median of the rounds' ratios, so a
+machine whose load drifts moves both sides alike. The server's OpenMP wait policy is printed
+(engine/omp_wait.py)."""
 
 from __future__ import annotations
 
@@ -50,30 +51,46 @@ def decode_groups(steps: list[dict], min_steps: int) -> dict[int, list[dict]]:
     return {b: g for b, g in sorted(groups.items()) if len(g) >= min_steps}
 
 
-def offline_ms(args: argparse.Namespace, batch: int, context: int) -> list[float]:
-    import torch
+class Offline:
+    """An engine of the run's model, dtype and max_num_seqs in this process, stepped on its
+    main thread, built once and refilled for each batch size."""
 
-    from engine.config import EngineConfig
-    from engine.core.request import SamplingParams
-    from engine.engine import LLMEngine
+    def __init__(self, args: argparse.Namespace) -> None:
+        from engine.config import EngineConfig
+        from engine.engine import LLMEngine
 
-    eng = LLMEngine(EngineConfig.from_kwargs(args.model, dtype=args.dtype,
-                                             max_num_seqs=args.concurrency))  # fmt: skip
-    vocab = eng.runner.model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    params = SamplingParams(max_tokens=args.offline_steps + 4, temperature=0.0, ignore_eos=True)
-    for i in range(batch):
-        prompt = torch.randint(0, vocab, (max(context - 2, 1),), generator=gen).tolist()
-        eng.add(eng.make_request(f"r{i}", prompt, params))
-    while eng.scheduler.num_waiting or any(not r.num_output_tokens for r in eng.scheduler.running):
-        eng.step()
-    eng.step()  # warm-up
-    times = []
-    for _ in range(args.offline_steps):
-        t0 = time.perf_counter()
-        eng.step()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
+        self.args = args
+        self.eng = LLMEngine(EngineConfig.from_kwargs(args.model, dtype=args.dtype,
+                                                      max_num_seqs=args.concurrency))  # fmt: skip
+        self.calls = 0
+
+    def step_ms(self, batch: int, context: int) -> float:
+        """Median decode step of `batch` sequences at `context` tokens each."""
+        import torch
+
+        from engine.core.request import SamplingParams
+
+        eng, self.calls = self.eng, self.calls + 1
+        for request_id in list(eng.requests):
+            eng.abort_request(request_id)
+        vocab = eng.runner.model.config.vocab_size
+        gen = torch.Generator().manual_seed(0)
+        params = SamplingParams(max_tokens=self.args.offline_steps + 4, temperature=0.0,
+                                ignore_eos=True)  # fmt: skip
+        for i in range(batch):
+            prompt = torch.randint(0, vocab, (max(context - 2, 1),), generator=gen).tolist()
+            eng.add(eng.make_request(f"c{self.calls}r{i}", prompt, params))
+        while eng.scheduler.num_waiting or any(
+            not r.num_output_tokens for r in eng.scheduler.running
+        ):
+            eng.step()
+        eng.step()  # warm-up
+        times = []
+        for _ in range(self.args.offline_steps):
+            t0 = time.perf_counter()
+            eng.step()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
 
 
 def main() -> None:
@@ -86,6 +103,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--min-steps", type=int, default=10, help="least decode steps of a B compared")
     p.add_argument("--offline-steps", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3, help="bench runs, each followed by offline")
     p.add_argument("--tolerance", type=float, default=0.10)
     p.add_argument("--omp-passive", choices=["auto", "0", "1"], default="auto",
                    help="SERVEBENCH_OMP_PASSIVE for the server and this process alike")  # fmt: skip
@@ -94,26 +112,35 @@ def main() -> None:
     import engine  # allocator and OpenMP settings before torch
 
     print(f"this process: OpenMP wait policy {engine.omp_wait.state.policy}")
-    context = args.input_len + args.output_len // 2
-    before = statistics.median(offline_ms(args, args.concurrency, context))
-    with tempfile.TemporaryDirectory() as tmp:
-        groups = decode_groups(run_steps(args, Path(tmp) / "run"), args.min_steps)
-        log = (Path(tmp) / "run" / "server.log").read_text(errors="replace").splitlines()
-    print(*[f"server: {line}" for line in log if "OpenMP wait policy" in line], sep="\n")
-    if not groups:
-        raise SystemExit(f"no batch size ran {args.min_steps}+ decode-only steps: more requests")
-    print(f"offline before the run: B={args.concurrency} at context {context}: {before:.1f} ms "
-          f"(against the same after it: how much the machine's load moved)")  # fmt: skip
-    print(f"\n{'B':>3} {'steps':>6} {'run ms':>8} {'offline ms':>11} {'run/offline':>12}")
+    offline = Offline(args)
+    rows: dict[int, list[tuple[float, float]]] = {}  # B -> per round (run ms, offline ms)
+    head = f"{'B':>3} {'steps':>6} {'run ms':>8} {'offline ms':>11} {'run/offline':>12}"
+    print(f"{'round':>5} {head}")
+    for r in range(args.rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            groups = decode_groups(run_steps(args, Path(tmp) / "run"), args.min_steps)
+            log = (Path(tmp) / "run" / "server.log").read_text(errors="replace").splitlines()
+        if r == 0:
+            print(*[f"server: {line}" for line in log if "OpenMP wait policy" in line], sep="\n")
+        if not groups:
+            raise SystemExit(f"no B ran {args.min_steps}+ decode-only steps: more requests")
+        for batch, group in groups.items():
+            context = round(statistics.median(s["decode_context_tokens"] / batch for s in group))
+            run_ms = statistics.median(s["dur_s"] * 1e3 for s in group)
+            off_ms = offline.step_ms(batch, context)
+            rows.setdefault(batch, []).append((run_ms, off_ms))
+            print(f"{r:5d} {batch:3d} {len(group):6d} {run_ms:8.1f} {off_ms:11.1f} "
+                  f"{run_ms / off_ms:11.2f}x", flush=True)  # fmt: skip
+    print("\nmedians over rounds (a round's run, then its offline steps)")
+    print(head.replace(" steps", "rounds"))
     off = []
-    for batch, group in groups.items():
-        context = round(statistics.median(s["decode_context_tokens"] / batch for s in group))
-        run_ms = statistics.median(s["dur_s"] * 1e3 for s in group)
-        offline = statistics.median(offline_ms(args, batch, context))
-        ratio = run_ms / offline
+    for batch, pairs in sorted(rows.items()):
+        run_ms = statistics.median(a for a, _ in pairs)
+        off_ms = statistics.median(b for _, b in pairs)
+        ratio = statistics.median(a / b for a, b in pairs)
         flag = "" if abs(ratio - 1) <= args.tolerance else f"  beyond {args.tolerance:.0%}"
         off += [batch] if flag else []
-        print(f"{batch:3d} {len(group):6d} {run_ms:8.1f} {offline:11.1f} {ratio:11.2f}x{flag}")
+        print(f"{batch:3d} {len(pairs):6d} {run_ms:8.1f} {off_ms:11.1f} {ratio:11.2f}x{flag}")
     verdict = f"B = {off} beyond" if off else "all within"
     print(f"{verdict} {args.tolerance:.0%} (decode-only steps; context per sequence matched)")
 

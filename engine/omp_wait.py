@@ -22,13 +22,24 @@ libgomp's default; a user's OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
 
 libgomp reads its environment once, when torch loads it: hence at `import engine`, as
 cpu_alloc's allocator settings. The variable is inherited by the processes the engine's
-process starts."""
+process starts.
+
+The spin count holds only while libgomp manages no more threads than there are CPUs. Each
+thread that has run a parallel region keeps a pool of its own, and with more pooled threads
+than CPUs every idle thread spins 100 times, whatever GOMP_SPINCOUNT says: it sleeps and is
+woken at every region. The server builds and warms the engine on one thread and steps it on
+another, so its decode steps ran 1.5-1.8x slower than the same steps offline
+(docs/results/2026-12-07-one-openmp-pool.md). `release_thread_pool` frees a thread's pool, so
+the thread that steps the engine holds the only one."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 USER_VARS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 SPIN_COUNT = 3000  # libgomp's default is 300,000 (milliseconds of spinning)
@@ -64,6 +75,30 @@ def apply() -> WaitPolicy:
     elif chosen.policy == f"spin {SPIN_COUNT}":
         os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
     return chosen
+
+
+@functools.cache
+def _libgomp() -> ctypes.CDLL | None:
+    """The libgomp this process has loaded (torch's own copy), or None (another OpenMP, or
+    not Linux): found in /proc/self/maps, as loading "libgomp.so.1" by name could bring in a
+    second copy whose pools are not torch's."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        parts = line.split(maxsplit=5)
+        if len(parts) == 6 and os.path.basename(parts[5]).startswith("libgomp"):
+            lib = ctypes.CDLL(parts[5])
+            return lib if hasattr(lib, "omp_pause_resource_all") else None  # OpenMP 5.0+
+    return None
+
+
+def release_thread_pool() -> bool:
+    """Free the calling thread's OpenMP thread pool, if it has one (a later parallel region
+    on this thread makes a new one). True where libgomp did it."""
+    lib = _libgomp() if "torch" in sys.modules else None
+    return lib is not None and lib.omp_pause_resource_all(1) == 0  # omp_pause_soft
 
 
 state = apply()  # once, at `import engine`

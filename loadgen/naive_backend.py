@@ -120,7 +120,11 @@ class NaiveBackend:
         }
 
     async def start(self) -> None:
-        pass  # the model was loaded when the backend was built
+        """The model was loaded when the backend was built, on this thread; its worker thread
+        is to hold the only OpenMP pool (engine/omp_wait.py: two make each region sleep)."""
+        from engine import omp_wait
+
+        omp_wait.release_thread_pool()
 
     async def close(self) -> None:
         """Stop batching; a batch still running stops at its next step (its requests were

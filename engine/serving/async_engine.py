@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any
 
+from engine import omp_wait
 from engine.core.request import Request, RequestOutput, SamplingParams
 from engine.engine import LLMEngine
 from engine.serving.metrics import Histogram
@@ -55,6 +56,9 @@ class AsyncLLMEngine:
             return int(self.stats["num_waiting"]) + self._unlisted_seqs
 
     async def start(self) -> None:
+        # This thread built and warmed the engine; the engine thread is to hold the only
+        # OpenMP pool, or every parallel region of a step sleeps and wakes (omp_wait.py).
+        omp_wait.release_thread_pool()
         self._loop = asyncio.get_running_loop()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()

@@ -3,6 +3,7 @@ it (short spins by default); a user's choice kept; greedy tokens the same either
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -81,3 +82,53 @@ def test_greedy_tokens_do_not_depend_on_the_wait_policy() -> None:
     tokens = json.loads(passive.stdout.splitlines()[-1])
     assert tokens == json.loads(spinning.stdout.splitlines()[-1])
     assert len(tokens) == 4 and all(len(t) == 12 for t in tokens)
+
+
+POOLS = """
+import asyncio, os, time, engine, torch
+from engine import omp_wait
+torch.set_num_threads(2)
+
+def threads_after(release):  # the process's threads once this thread's pool is freed, or not
+    freed = omp_wait.release_thread_pool() if release else None
+    time.sleep(0.3)  # the pool's workers exit on their own
+    return freed, len(os.listdir("/proc/self/task"))
+
+BUILD
+big = torch.ones(1 << 22)
+(big + big).sum()  # a parallel region on this thread whatever the engine did: a pool
+print("before", (threads_after(False), threads_after(True)))
+(big + big).sum()
+
+async def serve():
+    from engine.core.request import SamplingParams
+    from engine.serving.async_engine import AsyncLLMEngine
+    server = AsyncLLMEngine(llm)
+    await server.start()
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    async for out in server.generate("r0", [5, 17, 33, 8, 91] * 4, params):
+        pass
+    print("serving", (threads_after(False), threads_after(True)))  # on the event loop's thread
+    await server.stop()
+
+asyncio.run(serve())
+"""
+
+
+def test_release_thread_pool_frees_this_threads_openmp_workers() -> None:
+    done = run(POOLS.replace("BUILD", "llm = None").split("async def")[0], OMP_NUM_THREADS="2")
+    before = done.stdout.split("before ")[1].strip()
+    (_, kept), (freed, left) = ast.literal_eval(before)
+    assert freed is True and left == kept - 1  # two threads a pool: this one and one worker
+
+
+def test_the_engine_thread_holds_the_only_openmp_pool() -> None:
+    """The server builds the engine on one thread and steps it on another; a pool left on the
+    first makes libgomp throttle every idle thread to 100 spins (decode steps 1.5x slower)."""
+    build = (
+        "from engine.config import EngineConfig\nfrom engine.engine import LLMEngine\n"
+        'llm = LLMEngine(EngineConfig.from_kwargs("tiny-llama", dtype="float32"))'
+    )
+    done = run(POOLS.replace("BUILD", build), OMP_NUM_THREADS="2")
+    (_, kept), (freed, left) = ast.literal_eval(done.stdout.split("serving ")[1].strip())
+    assert freed is True and left == kept  # the loop's thread had no pool left to free
