@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 class LLMEngine:
     block_hasher = staticmethod(chain_hashes)  # the prefix cache's (128-bit blake2b)
+    _stepping_thread = omp_wait.SteppingThread(cpu=False)  # __init__ sets the real one
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -103,6 +104,7 @@ class LLMEngine:
             spec = config.speculative_config
             proposer = make_proposer(spec, self.runner, self.kv.block_tables)
             self.speculator = Speculator(spec, proposer, self.max_model_len)
+        self._stepping_thread = omp_wait.SteppingThread(cpu=self.device.type == "cpu")
         self.weight_bytes = loaded.model.weight_bytes()
         self.weight_bytes_bf16 = loaded.model.weight_bytes(torch.bfloat16)
 
@@ -276,6 +278,7 @@ class LLMEngine:
         self._step_log = None if path is None else StepLog(path, self.config, self.model_config)
 
     def step(self) -> list[RequestOutput]:
+        self._stepping_thread.check()
         spec = self.speculator
         candidates = spec.want_drafts(self.scheduler.running) if spec is not None else []
         out = self.scheduler.schedule()

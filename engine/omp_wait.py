@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,11 +96,42 @@ def _libgomp() -> ctypes.CDLL | None:
     return None
 
 
+_released: set[int] = set()  # threads whose pools release_thread_pool freed
+
+
 def release_thread_pool() -> bool:
     """Free the calling thread's OpenMP thread pool, if it has one (a later parallel region
     on this thread makes a new one). True where libgomp did it."""
     lib = _libgomp() if "torch" in sys.modules else None
-    return lib is not None and lib.omp_pause_resource_all(1) == 0  # omp_pause_soft
+    freed = lib is not None and lib.omp_pause_resource_all(1) == 0  # omp_pause_soft
+    if freed:
+        _released.add(threading.get_ident())
+    return freed
+
+
+class SteppingThread:
+    """Warns once per change of thread when an engine built on one thread is stepped on
+    another while the first may still hold its pool: steps up to 2x slower, silently."""
+
+    def __init__(self, cpu: bool) -> None:
+        self.cpu = cpu
+        self.built_on = threading.get_ident()
+        self.stepped_on: int | None = None
+
+    def check(self) -> None:
+        thread = threading.get_ident()
+        if thread == self.stepped_on or not self.cpu:
+            return
+        self.stepped_on = thread
+        builder_alive = any(t.ident == self.built_on for t in threading.enumerate())
+        torch = sys.modules.get("torch")
+        pooled = torch is not None and torch.get_num_threads() > 1 and _libgomp() is not None
+        if thread != self.built_on and builder_alive and pooled and self.built_on not in _released:
+            logging.getLogger(__name__).warning(
+                "the engine is stepped on a thread other than the one that built it: call "
+                "engine.omp_wait.release_thread_pool() on the building thread first, or every "
+                "step waits on OpenMP's throttled threads (up to 2x slower)"
+            )
 
 
 state = apply()  # once, at `import engine`

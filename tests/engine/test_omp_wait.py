@@ -132,3 +132,29 @@ def test_the_engine_thread_holds_the_only_openmp_pool() -> None:
     done = run(POOLS.replace("BUILD", build), OMP_NUM_THREADS="2")
     (_, kept), (freed, left) = ast.literal_eval(done.stdout.split("serving ")[1].strip())
     assert freed is True and left == kept  # the loop's thread had no pool left to free
+
+
+STEP_ON_A_THREAD = """
+import threading, engine, torch
+from engine import omp_wait
+from engine.core.request import SamplingParams
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+torch.set_num_threads(2)
+llm = LLMEngine(EngineConfig.from_kwargs("tiny-llama", dtype="float32"))
+params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+llm.add(llm.make_request("r0", [5, 17, 33, 8, 91] * 4, params))
+llm.step()  # on this thread: no warning
+RELEASE
+thread = threading.Thread(target=lambda: [llm.step() for _ in range(3)])
+thread.start()
+thread.join()
+"""
+
+
+def test_stepping_on_another_thread_warns_unless_the_pool_was_released() -> None:
+    held = run(STEP_ON_A_THREAD.replace("RELEASE", ""), OMP_NUM_THREADS="2")
+    released = run(STEP_ON_A_THREAD.replace("RELEASE", "omp_wait.release_thread_pool()"),
+                   OMP_NUM_THREADS="2")  # fmt: skip
+    assert held.stderr.count("stepped on a thread other than the one that built it") == 1
+    assert "stepped on a thread other" not in released.stderr
