@@ -28,7 +28,7 @@ The spin count holds only while libgomp manages no more threads than there are C
 thread that has run a parallel region keeps a pool of its own, and with more pooled threads
 than CPUs every idle thread spins 100 times, whatever GOMP_SPINCOUNT says: it sleeps and is
 woken at every region. The server builds and warms the engine on one thread and steps it on
-another, so its decode steps ran 1.5-1.8x slower than the same steps offline
+another, so its decode steps ran 1.5-2x slower than the same steps offline
 (docs/results/2026-12-07-one-openmp-pool.md). `release_thread_pool` frees a thread's pool, so
 the thread that steps the engine holds the only one."""
 
