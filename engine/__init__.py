@@ -12,6 +12,9 @@ from engine.cpu_alloc import keep_freed_memory_in_heap
 
 keep_freed_memory_in_heap()  # before torch is imported (by any submodule): see cpu_alloc.py
 from engine import omp_wait  # noqa: E402, F401 (OpenMP's wait policy, also before torch)
+from engine.inductor_cache import separate_cache_per_capability  # noqa: E402
+
+separate_cache_per_capability()  # before inductor compiles: see inductor_cache.py
 
 if TYPE_CHECKING:
     from engine.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
