@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import threading
-import time
 from collections.abc import Callable
 
 
@@ -35,40 +34,13 @@ def main() -> None:
 
     # isort: on
     import torch
-
-    from engine.config import EngineConfig
-    from engine.core.request import SamplingParams
-    from engine.engine import LLMEngine
+    from decode_steps import DecodeSteps
 
     print(f"OpenMP wait policy {engine.omp_wait.state.policy}, {torch.get_num_threads()} threads")
-    eng = LLMEngine(EngineConfig.from_kwargs(args.model, dtype=args.dtype,
-                                             max_num_seqs=max(args.batch)))  # fmt: skip
-    vocab = eng.runner.model.config.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    filled = 0
-
-    def fill(batch: int) -> None:
-        nonlocal filled
-        for request_id in list(eng.requests):
-            eng.abort_request(request_id)
-        params = SamplingParams(max_tokens=10**6, temperature=0.0, ignore_eos=True)
-        for _ in range(batch):
-            filled += 1
-            prompt = torch.randint(0, vocab, (args.context,), generator=gen).tolist()
-            eng.add(eng.make_request(f"r{filled}", prompt, params))
-        while eng.scheduler.num_waiting or any(
-            not r.num_output_tokens for r in eng.scheduler.running
-        ):
-            eng.step()
+    bench = DecodeSteps(args.model, args.dtype, max(args.batch))
 
     def steps_ms() -> float:
-        eng.step()  # this thread's first region makes its pool
-        times = []
-        for _ in range(args.steps):
-            t0 = time.perf_counter()
-            eng.step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+        return bench.median_ms(args.steps)
 
     def on_thread(fn: Callable[[], float]) -> float:
         out: list[float] = []
@@ -78,11 +50,11 @@ def main() -> None:
         return out[0]
 
     def second_thread_beside_a_pool() -> float:
-        eng.step()  # the building thread runs a region: its pool is there
+        bench.eng.step()  # the building thread runs a region: its pool is there
         return on_thread(steps_ms)
 
     def second_thread_alone() -> float:
-        eng.step()
+        bench.eng.step()
         engine.omp_wait.release_thread_pool()
         return on_thread(steps_ms)
 
@@ -94,7 +66,7 @@ def main() -> None:
     results: dict[tuple[int, str], list[float]] = {}
     for r in range(args.rounds):
         for batch in args.batch:
-            fill(batch)
+            bench.fill(batch, args.context)
             line = []
             for name, way in ways.items():
                 ms = way()

@@ -23,10 +23,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from child_procs import run_group
+from decode_steps import DecodeSteps
 
 
 def run_steps(args: argparse.Namespace, out: Path) -> list[dict]:
@@ -51,48 +51,6 @@ def decode_groups(steps: list[dict], min_steps: int) -> dict[int, list[dict]]:
     return {b: g for b, g in sorted(groups.items()) if len(g) >= min_steps}
 
 
-class Offline:
-    """An engine of the run's model, dtype and max_num_seqs in this process, stepped on its
-    main thread, built once and refilled for each batch size."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        from engine.config import EngineConfig
-        from engine.engine import LLMEngine
-
-        self.args = args
-        self.eng = LLMEngine(EngineConfig.from_kwargs(args.model, dtype=args.dtype,
-                                                      max_num_seqs=args.concurrency))  # fmt: skip
-        self.calls = 0
-
-    def step_ms(self, batch: int, context: int) -> float:
-        """Median decode step of `batch` sequences at `context` tokens each."""
-        import torch
-
-        from engine.core.request import SamplingParams
-
-        eng, self.calls = self.eng, self.calls + 1
-        for request_id in list(eng.requests):
-            eng.abort_request(request_id)
-        vocab = eng.runner.model.config.vocab_size
-        gen = torch.Generator().manual_seed(0)
-        params = SamplingParams(max_tokens=self.args.offline_steps + 4, temperature=0.0,
-                                ignore_eos=True)  # fmt: skip
-        for i in range(batch):
-            prompt = torch.randint(0, vocab, (max(context - 2, 1),), generator=gen).tolist()
-            eng.add(eng.make_request(f"c{self.calls}r{i}", prompt, params))
-        while eng.scheduler.num_waiting or any(
-            not r.num_output_tokens for r in eng.scheduler.running
-        ):
-            eng.step()
-        eng.step()  # warm-up
-        times = []
-        for _ in range(self.args.offline_steps):
-            t0 = time.perf_counter()
-            eng.step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -112,7 +70,7 @@ def main() -> None:
     import engine  # allocator and OpenMP settings before torch
 
     print(f"this process: OpenMP wait policy {engine.omp_wait.state.policy}")
-    offline = Offline(args)
+    offline = DecodeSteps(args.model, args.dtype, args.concurrency)
     rows: dict[int, list[tuple[float, float]]] = {}  # B -> per round (run ms, offline ms)
     head = f"{'B':>3} {'steps':>6} {'run ms':>8} {'offline ms':>11} {'run/offline':>12}"
     print(f"{'round':>5} {head}")
@@ -127,7 +85,8 @@ def main() -> None:
         for batch, group in groups.items():
             context = round(statistics.median(s["decode_context_tokens"] / batch for s in group))
             run_ms = statistics.median(s["dur_s"] * 1e3 for s in group)
-            off_ms = offline.step_ms(batch, context)
+            offline.fill(batch, max(context - 2, 1))  # then 2 steps: context tokens
+            off_ms = offline.median_ms(args.offline_steps)
             rows.setdefault(batch, []).append((run_ms, off_ms))
             print(f"{r:5d} {batch:3d} {len(group):6d} {run_ms:8.1f} {off_ms:11.1f} "
                   f"{run_ms / off_ms:11.2f}x", flush=True)  # fmt: skip

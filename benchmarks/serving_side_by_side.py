@@ -32,15 +32,11 @@ from typing import Any
 from child_procs import group_child, run_group
 from vllm_side_by_side import vllm_env
 
+from bench_cli.local_server import free_port
+
 HERE = Path(__file__).resolve().parent
 BENCH = [sys.executable, "-m", "bench_cli"]
 METRICS = ("output tok/s", "TTFT p50 ms", "ITL p50 ms")
-
-
-def free_port() -> int:
-    from bench_cli.local_server import free_port as pick
-
-    return pick()
 
 
 def wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout_s: float) -> float:
