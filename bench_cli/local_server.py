@@ -73,9 +73,17 @@ class ServerProcess:
     die_with_parent) and is stopped as a group: the bundled engine, or a `bench sweep
     --serve-cmd` server (vLLM, SGLang, llama.cpp, ...) restarted per point."""
 
-    def __init__(self, cmd: list[str], log_path: Path, ready_urls: list[str]) -> None:
+    def __init__(
+        self,
+        cmd: list[str],
+        log_path: Path,
+        ready_urls: list[str],
+        env: dict[str, str] | None = None,  # the server's whole environment; ours if None
+    ) -> None:
         self.cmd, self.log_path, self.ready_urls = cmd, log_path, ready_urls
+        self.env = env
         self.proc: subprocess.Popen | None = None
+        self.ready_s: float | None = None  # how long start() waited for it to answer
 
     def start(self, timeout_s: float = 600.0) -> None:
         """Start and wait until one of the ready URLs answers 200 (the server's log in
@@ -86,7 +94,7 @@ class ServerProcess:
                 self.cmd,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=os.environ | {"PYTHONUNBUFFERED": "1"},
+                env=(os.environ if self.env is None else self.env) | {"PYTHONUNBUFFERED": "1"},
                 # its own process group: Ctrl-C reaches us first, we stop the server (and its
                 # workers: the whole group) last
                 start_new_session=True,
@@ -104,7 +112,8 @@ class ServerProcess:
 
     def _wait_ready(self, timeout_s: float) -> None:
         assert self.proc is not None
-        deadline = time.monotonic() + timeout_s
+        t0 = time.monotonic()
+        deadline = t0 + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerStartError(
@@ -114,6 +123,7 @@ class ServerProcess:
             for url in self.ready_urls:
                 try:
                     with urllib.request.urlopen(url, timeout=1):
+                        self.ready_s = time.monotonic() - t0
                         return
                 except (urllib.error.URLError, OSError, ValueError):
                     pass

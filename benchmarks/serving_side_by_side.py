@@ -21,37 +21,19 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from child_procs import group_child, run_group
+from child_procs import run_group
 from vllm_side_by_side import vllm_env
 
-from bench_cli.local_server import free_port
+from bench_cli.local_server import ServerProcess, ServerStartError, free_port
 
 HERE = Path(__file__).resolve().parent
 BENCH = [sys.executable, "-m", "bench_cli"]
 METRICS = ("output tok/s", "TTFT p50 ms", "ITL p50 ms")
-
-
-def wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout_s: float) -> float:
-    """Seconds until the server answers /v1/models; SystemExit if it dies or times out."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-            raise SystemExit(f"server exited ({proc.returncode}); last lines of {log}:\n{tail}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2):
-                return time.monotonic() - t0
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"server not ready after {timeout_s:.0f} s: {log}")
 
 
 def server_cmd(system: str, args: argparse.Namespace, model_dir: Path, port: int) -> list[str]:
@@ -90,15 +72,21 @@ def serve_and_load(
 ) -> dict[int, dict[str, float]]:
     port = free_port()
     log = workdir / f"{system}-{r}.log"
-    env = vllm_env(args) if system == "vllm" else dict(os.environ)
-    with (
-        log.open("w") as f,
-        group_child(
-            server_cmd(system, args, model_dir, port), env=env, stdout=f, stderr=subprocess.STDOUT
-        ) as proc,
-    ):
-        ready_s = wait_ready(port, proc, log, args.ready_timeout)
+    server = ServerProcess(
+        server_cmd(system, args, model_dir, port),
+        log,
+        [f"http://127.0.0.1:{port}/v1/models"],
+        env=vllm_env(args) if system == "vllm" else None,
+    )
+    try:
+        server.start(args.ready_timeout)
+    except ServerStartError as e:
+        raise SystemExit(f"{system} (log {log}): {e}") from None
+    try:
         rows = {c: load(args, port, c, workdir / f"{system}-{r}-c{c}") for c in args.concurrency}
+    finally:
+        server.stop()
+    ready_s = server.ready_s or 0.0
     cells = "; ".join(
         f"C={c} {m['output tok/s']:.0f} tok/s, TTFT {m['TTFT p50 ms']:.0f}, ITL "
         f"{m['ITL p50 ms']:.1f} ms"

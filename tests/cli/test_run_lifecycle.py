@@ -320,3 +320,28 @@ def test_next_send_moves_on_only_once_the_request_due_has_left() -> None:
     plan = LoadPlan(iter([RequestSpec("p", 1, 1)] * 4), offsets)
     asyncio.run(Watched(Backend(), plan).run())
     assert moves == [(k, k) for k in range(4)]  # the k-th send became next after k had left
+
+
+def test_a_server_process_gets_the_environment_it_is_given(tmp_path: Path) -> None:
+    """`env` is the server's whole environment (a peer's LD_PRELOAD and its own variables,
+    none of ours); without it the server inherits ours. A server that answers is timed."""
+    from bench_cli.local_server import ServerProcess, free_port
+
+    script = (
+        "import http.server, os, sys\n"
+        "print('X=' + os.environ.get('SERVEBENCH_TEST_X', '-'), 'HOME' in os.environ)\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])),"
+        " http.server.SimpleHTTPRequestHandler).serve_forever()\n"
+    )
+    for env, expect in [({"SERVEBENCH_TEST_X": "given"}, "X=given False"), (None, "X=- True")]:
+        port = free_port()
+        log = tmp_path / f"{port}.log"
+        server = ServerProcess(
+            [sys.executable, "-c", script, str(port)], log, [f"http://127.0.0.1:{port}/"], env=env
+        )
+        server.start(timeout_s=30)
+        try:
+            assert server.ready_s is not None and 0 < server.ready_s < 30
+        finally:
+            server.stop()
+        assert log.read_text().splitlines()[0] == expect
