@@ -19,6 +19,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from bench_cli.signals import signal
+from loadgen.machine_cpu import steal_warning
 
 SPARKS = "▁▂▃▄▅▆▇█"
 WINDOW = 100  # rolling latencies over the last requests that finished
@@ -92,6 +93,7 @@ class Dashboard:
         self._redraw_s: deque[float] = deque(maxlen=20)  # the last redraws' durations
         self._nonzero: set[str] = set()  # signals seen away from zero (NaN: not seen)
         self._seen_rows = 0  # telemetry rows already looked at for that
+        self._steal: list[float] = []  # machine_steal_percent so far: shown once it warns
 
     def render(self) -> Group:
         r = self.runner
@@ -181,12 +183,16 @@ class Dashboard:
         all_rows = self.telemetry.rows if self.telemetry is not None else []
         for row in all_rows[self._seen_rows :]:
             self._nonzero.update(k for k, v in row.items() if v == v and v != 0)
+            if "machine_steal_percent" in row:
+                self._steal.append(row["machine_steal_percent"])
         self._seen_rows = len(all_rows)
         rows = all_rows[-60:]
         names = list(dict.fromkeys(k for row in rows for k in row if k != "t"))
         # a signal zero for the whole run so far (speculation on a run without it) is a row
-        # of nothing: left out, so the panel fits a 100x30 pane
-        names = [k for k in names if not k.endswith("_total_mb") and k in self._nonzero]
+        # of nothing: left out, so the panel fits a 100x30 pane; so is the hypervisor's
+        # steal until there is enough of it that the run will warn
+        shown = self._nonzero - ({"machine_steal_percent"} if not self._steal_warns() else set())
+        names = [k for k in names if not k.endswith("_total_mb") and k in shown]
         if not names and not self.tok_s:
             return None
         span = rows[-1]["t"] - rows[max(0, len(rows) - TREND)]["t"] if len(rows) > 1 else 0.0
@@ -205,6 +211,13 @@ class Dashboard:
             label = sig.label.removeprefix("engine ")  # the engine's gauges, by name
             table.add_row(label, f"{series[-1]:.1f}", sig.unit, sparkline(series, TREND))
         return table
+
+    def _steal_warns(self) -> bool:
+        cpus = getattr(self.telemetry, "machine_cpus", None)
+        if not self._steal or cpus is None:
+            return False
+        mean = sum(self._steal) / len(self._steal)
+        return steal_warning({"mean_machine_steal_percent": mean, "machine_cpus": cpus}) is not None
 
     def line(self) -> str:
         p = self.runner.progress

@@ -16,6 +16,7 @@ class Signal:
 
 # (column name suffix, what it is, unit, axis), first match wins
 RULES = (
+    ("steal_percent", "CPU stolen", "% (100 = one core)", "CPU % (100 = one core)"),
     ("cpu_percent", "CPU", "% (100 = one core)", "CPU % (100 = one core)"),
     ("util_percent", "utilisation", "%", "GPU utilisation (%)"),
     ("memory_used_mb", "memory used", "MB", "memory (MB)"),

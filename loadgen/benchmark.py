@@ -24,6 +24,7 @@ from loadgen.config import RunConfig
 from loadgen.endpoints import api_url, server_root
 from loadgen.event_loop import run_event_loop
 from loadgen.load_plan import LoadPlan
+from loadgen.machine_cpu import steal_warning
 from loadgen.metrics import SLO, summarize, summarize_classes
 from loadgen.plan import BuiltPlan
 from loadgen.records import RecordWriter, RequestRecord
@@ -161,6 +162,8 @@ def measure(
     if clock is None:  # a simulation's timeline is its steps.jsonl
         telemetry.write_csv(out_dir / "timeline.csv", outcome.t0)
     summary["telemetry"] = telemetry.summary()
+    if steal := steal_warning(summary["telemetry"]):
+        summary["warnings"].append(steal)
     _check_template_tokens(summary, built.info.get("template_tokens"))
     if engine is not None:  # in process: no /metrics, the engine's own counters
         summary["telemetry"] |= spec_counts(spec_before, engine.spec_stats())

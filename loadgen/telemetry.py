@@ -1,6 +1,7 @@
 """What the hardware and the server did during a run, sampled on a background thread onto the
 same clock as the request records (perf_counter): GPUs through NVML; without a GPU, the
-server process's CPU% and RSS; and the engine's queue and KV-cache gauges from /metrics
+server process's CPU% and RSS; the whole machine's CPU busy and stolen by a hypervisor
+(machine_cpu.py); and the engine's queue and KV-cache gauges from /metrics
 (ours, vLLM's, SGLang's or llama.cpp's names, onto the same columns). Nothing here may crash
 or slow a run: failures mean fewer columns, and a note says why."""
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.endpoints import http_get
+from loadgen.machine_cpu import MachineCpu
 from loadgen.redact import redact_url
 
 # Prometheus names of the engine gauges we follow: ours, vLLM's, SGLang's, llama.cpp's (from
@@ -163,12 +165,17 @@ class Telemetry:
         self._nvml: Any = None
         self._gpus: list[Any] = []
         self._proc: Any = None
+        self._machine: MachineCpu | None = None
         self._scraped = False  # /metrics answered at least once
         self.dialect: str | None = None  # whose metric names it carried
         self._scrape_error: str | None = None  # the last failure, for the note
 
     def start(self) -> None:
         self._open_nvml()
+        try:
+            self._machine = MachineCpu()
+        except Exception as e:  # psutil cannot read the machine's counters here
+            self.notes.append(f"no machine CPU telemetry: {e}")
         if not self._gpus and self.pid is None:  # a server we did not start: no pid to watch
             self.notes.append(
                 "no CPU telemetry: the server is not a process of this run's (memory only from"
@@ -207,6 +214,11 @@ class Telemetry:
             with contextlib.suppress(Exception):
                 self._nvml.nvmlShutdown()
 
+    @property
+    def machine_cpus(self) -> int | None:
+        """The CPUs machine_*_percent is out of (100 each), None before start or without."""
+        return self._machine.cpus if self._machine is not None else None
+
     def _open_nvml(self) -> None:
         try:
             import pynvml
@@ -226,6 +238,8 @@ class Telemetry:
             row: dict[str, float] = {"t": time.perf_counter()}
             self._sample_gpus(row)
             self._sample_process(row)
+            if self._machine is not None:
+                self._machine.sample(row)
             if self.metrics_url and k % self.scrape_every == 0:
                 self._scrape(row)
             self.rows.append(row)
@@ -281,6 +295,8 @@ class Telemetry:
         }
         if self.metrics_url:  # whose /metrics names were read (None: none we know)
             out["metrics_dialect"] = self.dialect
+        if self._machine is not None:  # what 100 % of one core is a share of
+            out["machine_cpus"] = self._machine.cpus
 
         def col(name: str) -> list[float]:
             return [r[name] for r in self.rows if name in r]

@@ -14,6 +14,7 @@ from bench_cli.sweep.row import aggregate
 from engine.model.cost import StepCost, StepShape
 from engine.step_log import StepLog
 from loadgen import metric_registry
+from loadgen.machine_cpu import STEAL_WARN
 from loadgen.records import RequestRecord
 from loadgen.telemetry import ENGINE_GAUGES
 from scripts.docgen.markdown import code, page, table
@@ -115,7 +116,10 @@ def files_page() -> str:
         "## timeline.csv\n\n`t_s` (seconds on the records' clock); with NVML per GPU i "
         "`gpu{i}_util_percent`, `gpu{i}_memory_used_mb`, `gpu{i}_memory_total_mb`, "
         "`gpu{i}_power_w`, `gpu{i}_sm_clock_mhz`; for a server process of ours "
-        "`server_cpu_percent` (100 = one core busy) and `server_rss_mb`; and, scraped from "
+        "`server_cpu_percent` (100 = one core busy) and `server_rss_mb`; for the whole "
+        "machine `machine_cpu_percent` (every process's CPU, 100 = one core) and, on Linux, "
+        "`machine_steal_percent` (CPU time a hypervisor gave to other guests; a run where it "
+        f"reaches {STEAL_WARN:.0%} of the machine's CPU time warns); and, scraped from "
         "the server's /metrics (ours, vLLM's, SGLang's or llama.cpp's names), these "
         "columns:\n\n" + table(["column", "read from"], gauges)
     )

@@ -27,11 +27,12 @@ def _rows(n: int = 40) -> list[dict[str, Any]]:
         row |= {"engine_kv_peak_blocks_used": 40.0, "engine_prefix_cache_queries": 16.0 * i}
         row |= {"engine_prefix_cache_hits": 0.0 if i < 30 else 8.0}  # late, but not zero
         row |= dict.fromkeys(ZERO_ALL_RUN, 0.0)
+        row |= {"machine_cpu_percent": 190.0, "machine_steal_percent": 10.0 if i == 3 else 0.0}
         rows.append(row)
     return rows
 
 
-def _screen(rows: list[dict[str, Any]]) -> str:
+def _screen(rows: list[dict[str, Any]], cpus: int = 2) -> str:
     runner = SimpleNamespace(
         progress=Progress(total=100, sent=60, completed=50),
         t0=time.perf_counter() - 10,
@@ -41,7 +42,8 @@ def _screen(rows: list[dict[str, Any]]) -> str:
     )
     buf = io.StringIO()
     console = Console(file=buf, width=100, force_terminal=False)
-    console.print(Dashboard(runner, SimpleNamespace(rows=rows), "t", 4.0, console).render())
+    telemetry = SimpleNamespace(rows=rows, machine_cpus=cpus)
+    console.print(Dashboard(runner, telemetry, "t", 4.0, console).render())
     return buf.getvalue()
 
 
@@ -50,8 +52,18 @@ def test_rows_zero_for_the_whole_run_are_hidden_and_the_panel_fits_100x30() -> N
     assert "waiting" not in screen and "draft" not in screen and "preempted" not in screen
     assert "running" in screen and "KV" in screen, screen
     assert "hits" in screen, screen  # zero at first, then not: shown
+    assert "machine CPU " in screen and "stolen" not in screen  # one stolen tick: no row
     lines = screen.rstrip("\n").splitlines()
     assert len(lines) <= 30 and max(len(line) for line in lines) <= 100, screen
+
+
+def test_the_hypervisors_steal_is_shown_once_the_run_will_warn_of_it() -> None:
+    rows = _rows()
+    for row in rows[10:]:
+        row["machine_steal_percent"] = 20.0  # 10 % of a 2-core machine's time, mean 8.8 %
+    screen = _screen(rows)
+    assert "machine CPU stolen" in screen, screen
+    assert "stolen" not in _screen(rows, cpus=16)  # the same time is 0.5 % of 16 cores
 
 
 def test_a_row_once_nonzero_stays_after_its_rows_scroll_away() -> None:
