@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 NEIGHBOURS = {
@@ -139,8 +140,30 @@ def start(cmd: list[str], env: dict[str, str], log: Path | None, name: str) -> s
 
 
 def machine_load() -> str:
-    """The 1-minute load average (ours included), for the record: how busy the machine was."""
-    return f"load average {os.getloadavg()[0]:.2f}"
+    """The 1-minute load average (ours included), and the share of the machine's CPU time a
+    hypervisor gave to other guests since the last call (a round, for a call a round): how
+    busy the machine was, inside and out: a round with steal is not one to quote."""
+    load = f"load average {os.getloadavg()[0]:.2f}"
+    meter = _steal_meter()
+    if meter is None:
+        return load
+    row: dict[str, float] = {}
+    meter.sample(row)
+    steal = row.get("machine_steal_percent", 0.0) / meter.cpus
+    return f"{load}, steal {steal:.0f} %"
+
+
+@functools.cache
+def _steal_meter() -> Any:
+    """loadgen's sampler of the machine's CPU counters (None without psutil or /proc/stat)."""
+    sys.path.insert(0, str(HERE.parent))
+    try:
+        from loadgen.machine_cpu import MachineCpu
+
+        meter = MachineCpu()
+    except Exception:
+        return None
+    return meter if meter.has_steal else None
 
 
 def fast_dtypes() -> list[str]:
