@@ -93,7 +93,8 @@ class Dashboard:
         self._redraw_s: deque[float] = deque(maxlen=20)  # the last redraws' durations
         self._nonzero: set[str] = set()  # signals seen away from zero (NaN: not seen)
         self._seen_rows = 0  # telemetry rows already looked at for that
-        self._steal: list[float] = []  # machine_steal_percent so far: shown once it warns
+        # machine_steal_percent so far, summed, and its samples: the row shows once it warns
+        self._steal_sum, self._steal_samples = 0.0, 0
 
     def render(self) -> Group:
         r = self.runner
@@ -184,7 +185,8 @@ class Dashboard:
         for row in all_rows[self._seen_rows :]:
             self._nonzero.update(k for k, v in row.items() if v == v and v != 0)
             if "machine_steal_percent" in row:
-                self._steal.append(row["machine_steal_percent"])
+                self._steal_sum += row["machine_steal_percent"]
+                self._steal_samples += 1
         self._seen_rows = len(all_rows)
         rows = all_rows[-60:]
         names = list(dict.fromkeys(k for row in rows for k in row if k != "t"))
@@ -214,9 +216,9 @@ class Dashboard:
 
     def _steal_warns(self) -> bool:
         cpus = getattr(self.telemetry, "machine_cpus", None)
-        if not self._steal or cpus is None:
+        if not self._steal_samples or cpus is None:
             return False
-        mean = sum(self._steal) / len(self._steal)
+        mean = self._steal_sum / self._steal_samples
         return steal_warning({"mean_machine_steal_percent": mean, "machine_cpus": cpus}) is not None
 
     def line(self) -> str:
