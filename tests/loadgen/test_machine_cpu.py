@@ -132,3 +132,31 @@ def _patched(cpu_times: Callable[[], tuple]) -> type[MachineCpu]:
             self._last = self._read()
 
     return Patched
+
+
+def test_a_bundled_run_on_a_stolen_machine_says_what_held_the_engine(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The bundled engine's threads sleep between regions by default: the warning says what
+    to change, unless the user chose a policy (then it says nothing more)."""
+    from engine import omp_wait
+
+    clock = time.monotonic
+
+    def stolen_third() -> tuple:
+        t = clock()
+        return _times(user=2 * t / 3, idle=2 * t / 3, steal=2 * t / 3)
+
+    monkeypatch.setattr(telemetry, "MachineCpu", _patched(stolen_third))
+    for policy, advised in [("spin 3000", True), ("default", False)]:
+        monkeypatch.setattr(omp_wait, "state", omp_wait.WaitPolicy(policy, "test"))
+        rc, printed, out = bench_run(
+            tmp_path / policy, in_process=True, warmup=0, num_requests=4, rate=None, concurrency=2
+        )
+        assert rc == 0, printed
+        warning = next(
+            w
+            for w in json.loads((out / "summary.json").read_text())["warnings"]
+            if w.startswith("the hypervisor gave")
+        )
+        assert ("SERVEBENCH_OMP_PASSIVE=0" in warning) == advised, warning
