@@ -62,11 +62,10 @@ def test_sparklines_say_their_units() -> None:
     assert "requests" in screen and "tok/s" in screen, screen
 
 
-def pane(session: str) -> str:
-    out = subprocess.run(
-        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
-    )
-    return out.stdout
+def pane(session: str, history: bool = False) -> str:
+    """What the pane shows; with `history`, what scrolled off it too (as a person scrolls)."""
+    cmd = ["tmux", "capture-pane", "-p", "-t", session, *(["-S", "-"] if history else [])]
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 
 
 @needs_tmux
@@ -94,6 +93,8 @@ def test_dashboard_in_a_terminal(tmp_path: Path, mock_server: Callable[..., str]
         while time.monotonic() < deadline and "results:" not in screen:  # the end: tables
             time.sleep(0.5)
             screen = pane(session)
+        # the tables, and above them what a busy machine adds (lag, steal): scrolled up to
+        screen = pane(session, history=True)
         assert "Successful requests" in screen and "sent 100/100" in screen, screen
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)
