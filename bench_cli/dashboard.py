@@ -19,7 +19,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 
 from bench_cli.signals import signal
-from loadgen.machine_cpu import steal_warning
+from loadgen.machine_cpu import STEAL_WARN, steal_share
 
 SPARKS = "▁▂▃▄▅▆▇█"
 WINDOW = 100  # rolling latencies over the last requests that finished
@@ -218,8 +218,7 @@ class Dashboard:
         cpus = getattr(self.telemetry, "machine_cpus", None)
         if not self._steal_samples or cpus is None:
             return False
-        mean = self._steal_sum / self._steal_samples
-        return steal_warning({"mean_machine_steal_percent": mean, "machine_cpus": cpus}) is not None
+        return steal_share(self._steal_sum / self._steal_samples, cpus) >= STEAL_WARN
 
     def line(self) -> str:
         p = self.runner.progress

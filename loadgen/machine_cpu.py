@@ -12,6 +12,7 @@ rows carry only the busy column."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # Warn when the hypervisor took at least this share of the machine's CPU time over the run.
@@ -22,11 +23,13 @@ class MachineCpu:
     """Busy and stolen CPU between consecutive samples, as % of one core (100 = one core
     busy for the whole interval, as the server's CPU %)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self, cpu_times: Callable[[], Any] | None = None, cpus: int | None = None
+    ) -> None:  # the machine's counters (psutil's) unless given: tests give their own
         import psutil
 
-        self._cpu_times = psutil.cpu_times
-        self.cpus = psutil.cpu_count() or 1
+        self._cpu_times = cpu_times or psutil.cpu_times
+        self.cpus = cpus or psutil.cpu_count() or 1
         self.has_steal = hasattr(self._cpu_times(), "steal")  # Linux only
         self._last = self._read()
 
@@ -55,13 +58,18 @@ class MachineCpu:
             row["machine_steal_percent"] = min(full, max(0.0, (steal - s0) * scale))
 
 
+def steal_share(mean_percent: float, cpus: int) -> float:
+    """Steal as a share of the machine's CPU time, from machine_steal_percent (% of one core)."""
+    return mean_percent / (100.0 * cpus)
+
+
 def steal_warning(telemetry: dict[str, Any]) -> str | None:
     """The run's warning when the hypervisor took STEAL_WARN of the machine's CPU time or
     more (the mean of the timeline's machine_steal_percent), else None."""
     mean = telemetry.get("mean_machine_steal_percent")
     if mean is None:
         return None
-    share = mean / (100.0 * telemetry.get("machine_cpus", 1))
+    share = steal_share(mean, telemetry.get("machine_cpus", 1))
     if share < STEAL_WARN:
         return None
     peak = telemetry.get("peak_machine_steal_percent", mean)

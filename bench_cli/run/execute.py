@@ -22,6 +22,7 @@ from bench_cli.run.interrupts import Interrupted, raising_on_signals
 from bench_cli.tables import print_result, sim_title
 from loadgen.arrivals import arrival_process
 from loadgen.config import RunConfig
+from loadgen.machine_cpu import steal_warning
 from loadgen.profiles import build_config, load_profile
 from loadgen.redact import printable, redact_url
 
@@ -210,7 +211,7 @@ def _run_one(
             view = (_sim_view if cfg.engine_kind == "sim" else _live_view)(cfg, console)
         summary, outcome = measure(cfg, built, backend, target, out_dir, view)
         if target.kind in ("bundled", "bundled-in-process"):
-            _advise_on_steal(summary["warnings"])
+            _advise_on_steal(summary)
         summary["config"] = config
         # An engine started for this run and not warmed: its first requests pay one-off costs.
         summary["cold_start"] = not cfg.base_url and cfg.warmup == 0
@@ -337,7 +338,7 @@ def _device_peak(engine: dict[str, Any], console: Console) -> dict[str, Any] | N
             return None
 
 
-def _advise_on_steal(warnings: list[str]) -> None:
+def _advise_on_steal(summary: dict[str, Any]) -> None:
     """The host-steal warning, for the bundled engine whose OpenMP threads sleep between a
     step's regions: what held its decode on such a host (each wake waits for the host)."""
     from engine import omp_wait  # no torch; a server we start inherits the policy it set
@@ -345,10 +346,10 @@ def _advise_on_steal(warnings: list[str]) -> None:
     policy = omp_wait.state.policy
     if policy != "passive" and not policy.startswith("spin "):
         return  # it spins as libgomp does, or the user chose
-    for i, text in enumerate(warnings):
-        if text.startswith("the hypervisor gave"):
-            warnings[i] = (
-                f"{text}. The bundled engine's threads sleep between parallel regions ({policy}),"
-                " and on a busy host each wake waits for it: SERVEBENCH_OMP_PASSIVE=0 held its "
-                "decode on such a host (docs/results/2026-12-07-host-steal.md)"
-            )
+    warnings, steal = summary["warnings"], steal_warning(summary["telemetry"])
+    if steal in warnings:
+        warnings[warnings.index(steal)] = (
+            f"{steal}. The bundled engine's threads sleep between parallel regions ({policy}), "
+            "and on a busy host each wake waits for it: SERVEBENCH_OMP_PASSIVE=0 held its "
+            "decode on such a host (docs/results/2026-12-07-host-steal.md)"
+        )

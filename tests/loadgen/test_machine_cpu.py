@@ -3,6 +3,7 @@ run's warning when a hypervisor took a share of the CPUs that moves latencies.""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -44,18 +45,14 @@ class _Counters:
         return _times((busy + guest) * n, idle * n, steal * n, guest * n)
 
 
-def _machine(monkeypatch: pytest.MonkeyPatch, counters: _Counters) -> MachineCpu:
-    import psutil
-
-    monkeypatch.setattr(psutil, "cpu_times", counters)
-    monkeypatch.setattr(psutil, "cpu_count", lambda: 2)
-    return MachineCpu()
+def _machine(counters: _Counters) -> MachineCpu:
+    return MachineCpu(cpu_times=counters, cpus=2)
 
 
-def test_busy_and_stolen_time_are_percent_of_one_core(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_busy_and_stolen_time_are_percent_of_one_core() -> None:
     # each interval of 2 CPUs x 0.1 s: 0.12 s busy, 0.05 idle, 0.03 stolen (+ guest counted
     # in user, which must not count twice)
-    machine = _machine(monkeypatch, _Counters(busy=0.12, idle=0.05, steal=0.03, guest=0.01))
+    machine = _machine(_Counters(busy=0.12, idle=0.05, steal=0.03, guest=0.01))
     row: dict[str, float] = {}
     machine.sample(row)
     # busy counts the guest's 0.01 once: 0.13 of 0.21 CPU seconds, on 2 CPUs
@@ -63,8 +60,8 @@ def test_busy_and_stolen_time_are_percent_of_one_core(monkeypatch: pytest.Monkey
     assert row["machine_steal_percent"] == pytest.approx(0.03 / 0.21 * 200)
 
 
-def test_no_new_ticks_give_no_row(monkeypatch: pytest.MonkeyPatch) -> None:
-    machine = _machine(monkeypatch, _Counters(busy=0.0, idle=0.0, steal=0.0))
+def test_no_new_ticks_give_no_row() -> None:
+    machine = _machine(_Counters(busy=0.0, idle=0.0, steal=0.0))
     row: dict[str, float] = {}
     machine.sample(row)
     assert row == {}
@@ -100,18 +97,24 @@ def test_a_busy_process_shows_in_the_machines_cpu() -> None:
     assert "machine_steal_percent" in s["columns"]  # Linux counts it, 0 or not
 
 
+def _stolen_third() -> tuple:
+    t = time.monotonic()  # CPU seconds of 2 CPUs since "boot": 1/3 stolen, 1/3 busy, 1/3 idle
+    return _times(user=2 * t / 3, idle=2 * t / 3, steal=2 * t / 3)
+
+
+def _steal_a_third(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Telemetry's machine sampler reads a 2-CPU machine losing a third of its time."""
+    monkeypatch.setattr(
+        telemetry, "MachineCpu", functools.partial(MachineCpu, cpu_times=_stolen_third, cpus=2)
+    )
+
+
 def test_a_run_on_a_stolen_machine_says_so(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mock_server: Callable[..., str]
 ) -> None:
     """A third of the machine's CPU time stolen while the run measured: the numbers stand,
     with a warning in the terminal and summary.json, and the timeline has the column."""
-    clock = time.monotonic
-
-    def stolen_third() -> tuple:
-        t = clock()  # CPU seconds of 2 CPUs since "boot": 1/3 stolen, 1/3 busy, 1/3 idle
-        return _times(user=2 * t / 3, idle=2 * t / 3, steal=2 * t / 3)
-
-    monkeypatch.setattr(telemetry, "MachineCpu", _patched(stolen_third))
+    _steal_a_third(monkeypatch)
     url = mock_server("--ttft", "0.01", "--itl", "0.005")
     rc, printed, out = bench_run(tmp_path, base_url=url, model="mock", warmup=0, num_requests=8)
     assert rc == 0, printed
@@ -123,17 +126,6 @@ def test_a_run_on_a_stolen_machine_says_so(
     assert timeline["machine_steal_percent"].mean() == pytest.approx(66.7, abs=15)
 
 
-def _patched(cpu_times: Callable[[], tuple]) -> type[MachineCpu]:
-    class Patched(MachineCpu):
-        def __init__(self) -> None:
-            self._cpu_times = cpu_times  # type: ignore[assignment]
-            self.cpus = 2
-            self.has_steal = True
-            self._last = self._read()
-
-    return Patched
-
-
 def test_a_bundled_run_on_a_stolen_machine_says_what_held_the_engine(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -141,13 +133,7 @@ def test_a_bundled_run_on_a_stolen_machine_says_what_held_the_engine(
     to change, unless the user chose a policy (then it says nothing more)."""
     from engine import omp_wait
 
-    clock = time.monotonic
-
-    def stolen_third() -> tuple:
-        t = clock()
-        return _times(user=2 * t / 3, idle=2 * t / 3, steal=2 * t / 3)
-
-    monkeypatch.setattr(telemetry, "MachineCpu", _patched(stolen_third))
+    _steal_a_third(monkeypatch)
     for policy, advised in [("spin 3000", True), ("default", False)]:
         monkeypatch.setattr(omp_wait, "state", omp_wait.WaitPolicy(policy, "test"))
         rc, printed, out = bench_run(
