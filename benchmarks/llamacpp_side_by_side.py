@@ -101,7 +101,8 @@ def engine_child(spec_file: str) -> None:
     eng = LLMEngine(EngineConfig.from_kwargs(
         spec["model"], dtype=spec["dtype"], max_num_seqs=biggest, enable_prefix_caching=False,
         max_num_batched_tokens=biggest * spec["prompt_len"]))  # fmt: skip
-    info = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+    info = {"torch": torch.__version__, "threads": spec["threads"],
+            "cpu_threads": eng.cpu_threads,
             "dtype": eng.config.dtype, "kv_cache_dtype": eng.config.cache.kv_cache_dtype,
             "linears": eng.linears, "model_forward": eng.model_forward,
             "decode_attention": eng.decode_attention,

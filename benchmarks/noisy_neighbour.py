@@ -86,6 +86,7 @@ def child(spec_file: str) -> None:
 
         llm = LLM(spec["model"], dtype=spec["dtype"], max_num_seqs=spec["batch"],
                   enable_prefix_caching=False)  # fmt: skip
+        print(f"CPU threads: {llm.llm_engine.cpu_threads}")
         params = SamplingParams(max_tokens=spec["output_len"], temperature=0.0, ignore_eos=True)
 
         def generate() -> list[int]:

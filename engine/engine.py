@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from engine import omp_wait
+from engine import kernel_pool, omp_wait
 from engine.config import EngineConfig, ModelConfig
 from engine.core.kv_cache_manager import KVCacheManager, chain_hashes
 from engine.core.request import FinishReason, Request, RequestOutput, SamplingParams, merge_outputs
@@ -162,6 +162,12 @@ class LLMEngine:
     def model_forward(self) -> str:
         """'compiled', 'eager' or 'triton': what the model's forward runs as (the runner's)."""
         return self.runner.model_forward
+
+    @property
+    def cpu_threads(self) -> str:
+        """How the CPU's threads run a step (engine/kernel_pool.py); '' on other devices."""
+        taken = kernel_pool.current()
+        return taken.reason if taken is not None and self.device.type == "cpu" else ""
 
     @property
     def linears(self) -> str:

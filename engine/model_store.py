@@ -12,6 +12,7 @@ import torch
 from engine.config import EngineConfig
 from engine.distributed.group import TPGroup
 from engine.distributed.sharding import Shard, shard_model
+from engine.kernel_pool import take_threads
 from engine.model.kv_scales import calibrate_kv_scales, calibration_token_ids
 from engine.model.loader import LoadedModel, load_model
 from engine.ops.cpu_linear import packing_enabled
@@ -85,13 +86,16 @@ def make_runner(
         for layer in loaded.model.layers:
             layer.self_attn.reduce = layer.mlp.reduce = tp.all_reduce
     assert config.cache.num_kv_blocks is not None, "resolve the config first"
+    kv_dtype = DTYPES[config.cache.kv_cache_dtype]
+    if loaded.model.embed_tokens.weight.device.type == "cpu":  # before graphs compile
+        take_threads(loaded.model, kv_dtype, cfg.head_dim)
     return ModelRunner(
         loaded.model,
         cfg,
         config.cache.num_kv_blocks,
         config.cache.block_size,
         config.seed,
-        DTYPES[config.cache.kv_cache_dtype],
+        kv_dtype,
         kv_scales,
         compile_decode=not config.enforce_eager,
         attention_backend=config.attention_backend,

@@ -30,7 +30,12 @@ than CPUs every idle thread spins 100 times, whatever GOMP_SPINCOUNT says: it sl
 woken at every region. The server builds and warms the engine on one thread and steps it on
 another, so its decode steps ran 1.5-2x slower than the same steps offline
 (docs/results/2026-12-07-one-openmp-pool.md). `release_thread_pool` frees a thread's pool, so
-the thread that steps the engine holds the only one."""
+the thread that steps the engine holds the only one.
+
+Where every heavy op of a step is the engine's own kernel, they run on a pool of their own
+and torch's ops on one thread (engine/kernel_pool.py): no OpenMP team is left to wait for, and
+this policy matters only to engines that keep OpenMP (fp8 weights or cache,
+SERVEBENCH_CPU_POOL=0)."""
 
 from __future__ import annotations
 

@@ -151,7 +151,7 @@ at::Tensor paged_decode(const at::Tensor& q_in, const at::Tensor& k_cache,
       TORCH_CHECK(block >= 0 || !read, "servebench::decode_attention: negative block in context");
       used[i * nb + t] = block;
     }
-  at::parallel_for(0, b * heads, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, b * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(group * nb * bs);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t i = task / heads, h = task % heads;

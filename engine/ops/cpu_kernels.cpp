@@ -9,7 +9,7 @@
 // zero-padded): for each k a block's NB weights are adjacent, so MR rows of x times one block is
 // MR * NB / Vec::size() vector FMAs per k, x[k] broadcast, no horizontal sums, and each weight
 // load serves MR rows. At one row that streams the weights at memory speed; at many rows it is
-// bound by FMAs. Blocks are split over torch's threads (at::parallel_for, OpenMP); each block
+// bound by FMAs. Blocks are split over the kernels' threads (cpu_pool.h); each block
 // is read from memory once and from cache for the next MR rows of x. Vectorized through ATen's
 // vec types, so the same source builds for AVX2 or AVX-512 (cpu_kernels.py sets the macros).
 
@@ -108,7 +108,7 @@ void wide_rows(int64_t rows, const float* x, int64_t k, const float* block, floa
 // or holding the padded block) one block at a time.
 void wide_linear(const float* x, int64_t m, int64_t k, const float* w, float* y, int64_t n,
                  int64_t nblocks) {
-  at::parallel_for(0, (nblocks + WIDE - 1) / WIDE, 1, [&](int64_t begin, int64_t end) {
+  parallel_for(0, (nblocks + WIDE - 1) / WIDE, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t b0 = g * WIDE;
       if ((b0 + WIDE) * NB <= n) {
@@ -125,7 +125,7 @@ void wide_linear(const float* x, int64_t m, int64_t k, const float* w, float* y,
   });
 }
 
-// x [m, k] times blocks [ceil(n / NB), k, NB]: blocks split over torch's threads, each block
+// x [m, k] times blocks [ceil(n / NB), k, NB]: blocks split over the threads, each block
 // read from memory once and from cache for the next MR rows of x.
 template <typename W>
 at::Tensor blocked_linear(const at::Tensor& x_in, const at::Tensor& blocks, const float* scales,
@@ -152,7 +152,7 @@ at::Tensor blocked_linear(const at::Tensor& x_in, const at::Tensor& blocks, cons
   // L2) that the float32 tiles then read: upcast in registers for every pass of rows, the
   // FMAs waited on the conversions (64 rows: 1.5x float32's time; upcast once, 0.97x).
   const bool upcast_once = !std::is_same_v<W, F32> && m > W::MR;
-  at::parallel_for(0, blocks.size(0), 4, [&](int64_t begin, int64_t end) {
+  parallel_for(0, blocks.size(0), 4, [&](int64_t begin, int64_t end) {
     std::vector<float> upcast(upcast_once ? k * NB : 0);
     for (int64_t b = begin; b < end; ++b) {
       const int64_t cols = std::min(NB, n - b * NB);
@@ -213,7 +213,7 @@ at::Tensor linear_rows(const at::Tensor& x_in, const at::Tensor& w) {
   const float* wp = w.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   const int64_t k4 = k - k % (4 * Vec::size());
-  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+  parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const float* wr = wp + r * k;
       for (int64_t i = 0; i < m; ++i) {
@@ -236,9 +236,30 @@ at::Tensor linear_rows(const at::Tensor& x_in, const at::Tensor& w) {
   return y;
 }
 
+// The kernels' thread pool: `threads` in all (1: ATen's threads instead), idle workers
+// spinning `spin_us` before they sleep. Returns the threads it has.
+int64_t set_pool_threads(int64_t threads, int64_t spin_us) {
+#if defined(SERVEBENCH_POOL)
+  servebench_pool::Pool::get().resize(static_cast<int>(threads), spin_us);
+  return servebench_pool::Pool::get().threads();
+#else
+  return 1;
+#endif
+}
+
+int64_t pool_threads() {
+#if defined(SERVEBENCH_POOL)
+  return servebench_pool::Pool::get().threads();
+#else
+  return 1;
+#endif
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(servebench, m) {
+  m.def("set_pool_threads(int threads, int spin_us) -> int", set_pool_threads);
+  m.def("pool_threads() -> int", pool_threads);
   m.def("linear(Tensor x, Tensor blocks, int out_features) -> Tensor");
   m.def("linear_fp8(Tensor x, Tensor blocks, Tensor scales, int out_features) -> Tensor");
   m.def("linear_rows(Tensor x, Tensor w) -> Tensor");

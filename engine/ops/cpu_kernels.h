@@ -12,6 +12,8 @@
 #include <c10/util/Float8_e4m3fn.h>
 #include <torch/library.h>
 
+#include "cpu_pool.h"
+
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
 #endif
@@ -26,6 +28,7 @@
 
 namespace {
 
+using servebench_pool::parallel_for;  // at::parallel_for's contract, on the kernels' pool
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t NB = 16;  // weight rows per block
 constexpr int64_t NV = NB / Vec::size();

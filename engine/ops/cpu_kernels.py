@@ -4,7 +4,9 @@ llama.py), `servebench::decode_attention` and `decode_attention_fp8` (cpu_attent
 engine/ops/cpu_decode_attention.py, attention.py), `servebench::prefill_attention`
 (cpu_prefill_attention.cpp; attention.py) and `servebench::linear_bf16`
 (cpu_kernels_bf16.cpp: AVX512-BF16 only, compiled for it function by function and refused at
-run time on other CPUs; `bf16_available()` says whether this one has it).
+run time on other CPUs; `bf16_available()` says whether this one has it). Their loops run on
+a thread pool of their own (cpu_pool.h, `servebench::set_pool_threads`; engine/kernel_pool.py
+decides where), else on ATen's threads.
 
 Built by torch's extension builder at first use, once per machine, CPU capability and source
 (~12 s here, then loaded from its cache in ~0.1 s), with the flags ATen builds its own vector
@@ -37,8 +39,8 @@ logger = logging.getLogger(__name__)
 BUILT = {"ok": False}  # what `available()` found, for code that dynamo traces
 LOCK_TIMEOUT_S = float(os.environ.get("SERVEBENCH_KERNEL_LOCK_TIMEOUT", "600"))
 HERE = Path(__file__).parent
-SOURCES = tuple(HERE / name for name in ("cpu_kernels.h", "cpu_kernels.cpp", "cpu_attention.cpp",
-                                         "cpu_prefill_attention.cpp",
+SOURCES = tuple(HERE / name for name in ("cpu_kernels.h", "cpu_pool.h", "cpu_kernels.cpp",
+                                         "cpu_attention.cpp", "cpu_prefill_attention.cpp",
                                          "cpu_kernels_bf16.cpp"))  # fmt: skip
 
 # What ATen compiles its vector kernels with for each CPU capability (its vec types need them).
@@ -61,7 +63,7 @@ def _ninja_on_path() -> None:
 
 
 def build_flags(cap: str) -> list[str]:
-    flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP's: torch's own thread pool
+    flags = ["-O3", "-fopenmp"]  # ATen's parallel_for (where no pool) is OpenMP's
     if cap in ISA_FLAGS:
         flags += [*ISA_FLAGS[cap], f"-DCPU_CAPABILITY_{cap}", f"-DCPU_CAPABILITY={cap}"]
     return flags

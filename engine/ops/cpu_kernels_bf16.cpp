@@ -12,13 +12,15 @@
 // `bf16_blocks`): for each pair of k, a block's 16 outputs' two weights are adjacent, which is
 // one 64-byte vector that vdpbf16ps multiplies with the pair (x[k], x[k+1]) broadcast, summing
 // the two products into each output's float32 accumulator. MR rows of x share each weight load;
-// blocks are split over torch's threads, as servebench::linear's float32 blocks are.
+// blocks are split over the kernels' threads, as servebench::linear's float32 blocks are.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include "cpu_pool.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -31,6 +33,8 @@
 #endif
 
 namespace {
+
+using servebench_pool::parallel_for;
 
 constexpr int64_t NB = 16;  // output rows per block
 constexpr int64_t MR = 8;   // rows of x per pass: 8 accumulators, one weight load for all
@@ -178,7 +182,7 @@ at::Tensor linear_bf16(const at::Tensor& x_in, const at::Tensor& blocks, int64_t
   auto* yp = static_cast<uint16_t*>(y.data_ptr());
   if (m > 0)
     // Threads take whole wide tiles (groups of WIDE blocks), the last group maybe short.
-    at::parallel_for(0, (blocks.size(0) + WIDE - 1) / WIDE, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, (blocks.size(0) + WIDE - 1) / WIDE, 1, [&](int64_t begin, int64_t end) {
       blocks_range(begin * WIDE, std::min(end * WIDE, blocks.size(0)), xp, m, k2, wp, yp, n);
     });
 #endif

@@ -192,7 +192,7 @@ at::Tensor prefill_attention(const at::Tensor& q_in, const at::Tensor& k_cache,
     constexpr int64_t D = decltype(dim)::value;
     const auto* kp = static_cast<const typename W::T*>(k_cache.const_data_ptr());
     const auto* vp = static_cast<const typename W::T*>(v_cache.const_data_ptr());
-    at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
       std::vector<float> buf;  // a thread's scratch, grown to its largest task
       std::vector<const typename W::T*> v_rows;
       for (int64_t x = begin; x < end; ++x) {

@@ -129,16 +129,20 @@ def test_a_run_on_a_stolen_machine_says_so(
 def test_a_bundled_run_on_a_stolen_machine_says_what_held_the_engine(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The bundled engine's threads sleep between regions by default: the warning says what
-    to change, unless the user chose a policy (then it says nothing more)."""
+    """An engine on OpenMP's threads (SERVEBENCH_CPU_POOL=0) sleeps between regions by
+    default: the warning says what to change, unless the user chose a policy. On the
+    kernels' own pool (the default) no thread is waited for: nothing more is said."""
     from engine import omp_wait
 
     _steal_a_third(monkeypatch)
-    for policy, advised in [("spin 3000", True), ("default", False)]:
+    for pool, policy, advised in [("0", "spin 3000", True), ("0", "default", False),
+                                  ("1", "spin 3000", False)]:  # fmt: skip
+        monkeypatch.setenv("SERVEBENCH_CPU_POOL", pool)
         monkeypatch.setattr(omp_wait, "state", omp_wait.WaitPolicy(policy, "test"))
         rc, printed, out = bench_run(
-            tmp_path / policy, in_process=True, warmup=0, num_requests=4, rate=None, concurrency=2
-        )
+            tmp_path / f"{pool}-{policy}", in_process=True, warmup=0, num_requests=4, rate=None,
+            concurrency=2,
+        )  # fmt: skip
         assert rc == 0, printed
         warning = next(
             w
