@@ -33,7 +33,9 @@ from engine.ops import cpu_kernels
 from engine.ops.fp8 import Fp8Linear
 
 logger = logging.getLogger(__name__)
-SPIN_US = 100  # an idle worker's spin before it sleeps: a decode step's gaps are shorter
+# An idle worker's spin (yielding to anything else that wants the core) before it sleeps, in
+# microseconds: a step's gaps between regions are shorter. SERVEBENCH_POOL_SPIN_US sets it.
+SPIN_US = int(os.environ.get("SERVEBENCH_POOL_SPIN_US", "100"))
 _threads = {"torch": 0}  # torch's thread count before the first pool took it (0: none yet)
 
 

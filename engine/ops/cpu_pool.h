@@ -15,6 +15,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <exception>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -77,7 +78,10 @@ class Pool {
     chunk_.store(chunk, std::memory_order_relaxed);
     chunks_.store(n, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    const uint64_t gen = ++generation_;
+    failed_ = nullptr;
+    generation_ = (generation_ + 1) & 0xffffffffu;  // 32 bits of `next_`: wraps after days
+    if (generation_ == 0) generation_ = 1;
+    const uint64_t gen = generation_;
     next_.store(gen << 32, std::memory_order_seq_cst);  // publish: workers may take from now
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       wake_.fetch_add(1, std::memory_order_seq_cst);
@@ -90,6 +94,7 @@ class Pool {
       relax();  // a partner finishing its chunk; if it was descheduled, let it run
       if (spins >= 256) sched_yield();
     }
+    if (failed_) std::rethrow_exception(failed_);  // once no chunk runs: as ATen's does
     return true;
   }
 
@@ -108,7 +113,12 @@ class Pool {
       const int64_t c = chunk_.load(std::memory_order_relaxed);
       // Claimed only if nobody moved `next_` since it was read: the fields read belong to gen.
       if (!next_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel)) continue;
-      fn(ctx, b0 + i * c, std::min(e0, b0 + (i + 1) * c));
+      try {
+        fn(ctx, b0 + i * c, std::min(e0, b0 + (i + 1) * c));
+      } catch (...) {  // kept for the caller; the other chunks still run and are counted
+        std::lock_guard<std::mutex> hold(failing_);
+        if (!failed_) failed_ = std::current_exception();
+      }
       done_.fetch_add(1, std::memory_order_release);
     }
   }
@@ -155,6 +165,8 @@ class Pool {
   std::mutex busy_;
   static inline thread_local bool inside_ = false;
   uint64_t generation_ = 0;
+  std::mutex failing_;
+  std::exception_ptr failed_;
   alignas(64) std::atomic<uint64_t> next_{0};  // generation << 32 | next chunk to take
   alignas(64) std::atomic<int64_t> done_{0};
   alignas(64) std::atomic<uint32_t> wake_{0};
