@@ -97,7 +97,14 @@ def local_sim_peak(dtype: str | None = "auto") -> dict[str, Any]:
 def device_peak(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     """measure_peak's figures for this machine, device and dtype, from the cache when it has
     them ("cached": true, with "measured_at"), else measured now and stored."""
-    dev = torch.device(device)
+    from engine.kernel_pool import machine_threads
+
+    with machine_threads():  # an in-process engine's pool holds torch at one thread
+        return _device_peak(torch.device(device), dtype)
+
+
+def _device_peak(dev: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    device = str(dev)
     key = _machine_key(dev, dtype)
     path = cache_path()
     try:

@@ -6,9 +6,11 @@ torch's OpenMP splits every parallel region in equal shares up front, so each of
 step's ~280 regions waits for its slowest thread. Beside another process, or on a VM whose
 host is busy, that thread is often not running, and a step waits a scheduler slice per
 region. The pool hands out small chunks to whichever thread runs, the caller included: a
-partner that is not scheduled costs the chunk it holds, no more. Measured (B=1 bf16
-generate, `benchmarks/noisy_neighbour.py`): beside a 2-thread torch loop 1.40x the quiet time
-against 2.47x on OpenMP, beside half a core 1.07x against 2.00x, quiet the same.
+partner that is not scheduled costs the chunk it holds, no more. Measured
+(`benchmarks/noisy_neighbour.py`, docs/results/2026-12-07-kernel-pool.md): 8 sequences beside
+a 2-thread torch loop took 1.56x (float32) and 1.61x (bf16) their quiet time, against 2.97x and
+3.64x on OpenMP and vLLM's 2.55x and 2.98x; beside half a core 1.18x and 1.20x; quiet within
+the machine's drift.
 
 With the pool, torch's own ops (the compiled graphs' norms and activations, sampling) run on
 one thread: there is no second OpenMP team left to wait for. So the pool is taken only where
@@ -22,8 +24,10 @@ back where it takes no pool."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +55,21 @@ _taken: list[ThreadPlan] = []  # the plan the last runner built took
 def current() -> ThreadPlan | None:
     """How this process's CPU threads are used now (None: no CPU runner built yet)."""
     return _taken[-1] if _taken else None
+
+
+@contextlib.contextmanager
+def machine_threads() -> Iterator[None]:
+    """torch's threads as they were before a pool took them, for code that measures the
+    machine (bench_cli/device_peak.py) in a process whose engine holds the pool."""
+    if not _threads["torch"]:
+        yield
+        return
+    held = torch.get_num_threads()
+    torch.set_num_threads(_threads["torch"])
+    try:
+        yield
+    finally:
+        torch.set_num_threads(held)
 
 
 def plan(model: nn.Module, kv_dtype: torch.dtype, head_dim: int, threads: int) -> ThreadPlan:

@@ -135,17 +135,22 @@ def test_the_pool_is_taken_only_where_every_heavy_op_is_the_kernels(
 def test_an_engine_without_the_pool_gives_torch_its_threads_back(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Whatever earlier tests of this process left (an engine's pool, one thread): from 3
+    threads, the pool takes them, a measurement gets them back for a while, and an engine
+    that takes no pool gives them back to torch."""
     monkeypatch.delenv("SERVEBENCH_CPU_POOL", raising=False)
-    threads = kernel_pool._threads["torch"] or torch.get_num_threads()  # an engine's pool: 1
-    if threads < 2:
-        pytest.skip("one thread: no pool to take")
+    monkeypatch.setattr(kernel_pool, "_threads", {"torch": 0})
+    monkeypatch.setattr(kernel_pool, "_taken", [])
     packed = _Tiny(torch.float32, PackedLinear(torch.randn(32, 16)))
     plain = _Tiny(torch.float32, nn.Linear(16, 32, bias=False))
-    try:
-        assert kernel_pool.take_threads(packed, torch.float32, 64).pool_threads == threads
+    with _restored():
+        torch.set_num_threads(3)
+        assert kernel_pool.take_threads(packed, torch.float32, 64).pool_threads == 3
+        assert torch.get_num_threads() == 1 and torch.ops.servebench.pool_threads() == 3
+        assert kernel_pool.take_threads(packed, torch.float32, 64).pool_threads == 3
+        with kernel_pool.machine_threads():  # what bench_cli/device_peak.py measures with
+            assert torch.get_num_threads() == 3
         assert torch.get_num_threads() == 1
-        assert kernel_pool.take_threads(packed, torch.float32, 64).pool_threads == threads
-        assert kernel_pool.take_threads(plain, torch.float32, 64).pool_threads == 1
-        assert torch.get_num_threads() == threads
-    finally:
-        kernel_pool.take_threads(plain, torch.float32, 64)
+        taken = kernel_pool.take_threads(plain, torch.float32, 64)
+        assert kernel_pool.current() == taken and taken.pool_threads == 1
+        assert torch.get_num_threads() == 3 and torch.ops.servebench.pool_threads() == 1
