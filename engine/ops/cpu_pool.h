@@ -17,11 +17,13 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -51,6 +53,8 @@ class Pool {
     return pool;
   }
 
+  Pool() { pthread_atfork(nullptr, nullptr, [] { get().forked(); }); }
+
   int threads() const { return threads_.load(std::memory_order_relaxed); }
 
   // n threads in all (the caller is one of them); 1 or less: no pool.
@@ -65,23 +69,35 @@ class Pool {
 
   ~Pool() { stop(); }
 
+  // In a forked child only the forking thread exists: forget the workers without joining them
+  // (a join would wait forever at exit), and run on ATen's path from then on.
+  void forked() {
+    for (auto& t : workers_) new std::thread(std::move(t));  // leaked on purpose
+    workers_.clear();
+    threads_.store(1);
+    sleepers_.store(0);
+    new (&busy_) std::mutex();  // held by a thread that is not in this process, maybe
+  }
+
   // fn over [begin, end) in `chunk`-sized pieces; false (nothing run) when the pool is busy
   // with another caller's job or called from inside one.
   bool run(Fn fn, const void* ctx, int64_t begin, int64_t end, int64_t chunk) {
     if (inside_ || !busy_.try_lock()) return false;
     std::lock_guard<std::mutex> hold(busy_, std::adopt_lock);
     const int64_t n = (end - begin + chunk - 1) / chunk;
+    generation_ = (generation_ + 1) & 0xffffffffu;  // 32 bits of `next_`: wraps after days
+    if (generation_ == 0) generation_ = 1;
+    const uint64_t gen = generation_;
     fn_.store(fn, std::memory_order_relaxed);
     ctx_.store(ctx, std::memory_order_relaxed);
     begin_.store(begin, std::memory_order_relaxed);
     end_.store(end, std::memory_order_relaxed);
     chunk_.store(chunk, std::memory_order_relaxed);
-    chunks_.store(n, std::memory_order_relaxed);
+    // The count carries its generation: a worker still holding the last job's `next_` (all
+    // of its chunks taken) must not read this job's larger count as room for one more.
+    chunks_.store(gen << 32 | static_cast<uint64_t>(n), std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     failed_ = nullptr;
-    generation_ = (generation_ + 1) & 0xffffffffu;  // 32 bits of `next_`: wraps after days
-    if (generation_ == 0) generation_ = 1;
-    const uint64_t gen = generation_;
     next_.store(gen << 32, std::memory_order_seq_cst);  // publish: workers may take from now
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       wake_.fetch_add(1, std::memory_order_seq_cst);
@@ -104,8 +120,9 @@ class Pool {
     for (;;) {
       uint64_t v = next_.load(std::memory_order_acquire);
       if ((v >> 32) != gen) return;
+      const uint64_t count = chunks_.load(std::memory_order_relaxed);
+      if ((count >> 32) != gen || (v & 0xffffffffu) >= (count & 0xffffffffu)) return;
       const int64_t i = static_cast<int64_t>(v & 0xffffffffu);
-      if (i >= chunks_.load(std::memory_order_relaxed)) return;
       const Fn fn = fn_.load(std::memory_order_relaxed);
       const void* ctx = ctx_.load(std::memory_order_relaxed);
       const int64_t b0 = begin_.load(std::memory_order_relaxed);
@@ -174,7 +191,8 @@ class Pool {
   std::atomic<bool> quit_{false};
   std::atomic<Fn> fn_{nullptr};
   std::atomic<const void*> ctx_{nullptr};
-  std::atomic<int64_t> begin_{0}, end_{0}, chunk_{1}, chunks_{0};
+  std::atomic<int64_t> begin_{0}, end_{0}, chunk_{1};
+  std::atomic<uint64_t> chunks_{0};  // generation << 32 | chunks
 };
 #endif
 

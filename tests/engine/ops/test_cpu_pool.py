@@ -2,7 +2,11 @@
 as ATen's threads at every split, callers from two threads at once, and which engines take it."""
 
 import contextlib
+import ctypes
+import os
+import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -154,3 +158,24 @@ def test_an_engine_without_the_pool_gives_torch_its_threads_back(
         taken = kernel_pool.take_threads(plain, torch.float32, 64)
         assert kernel_pool.current() == taken and taken.pool_threads == 1
         assert torch.get_num_threads() == 3 and torch.ops.servebench.pool_threads() == 1
+
+
+def test_a_forked_child_computes_and_exits_without_the_parents_workers(pool: None) -> None:
+    """Only the forking thread lives in the child: its kernels run without the pool, and its
+    exit (C's, static destructors included) does not wait for workers it does not have. Torch
+    on one thread, as in an engine's process: libgomp's own team hangs in a forked child."""
+    torch.set_num_threads(1)
+    packed, xs = _layers(torch.float32)
+    want = _products(packed, xs)
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest from here on
+        same = all(torch.equal(a, b) for a, b in zip(_products(packed, xs), want, strict=True))
+        ctypes.CDLL(None).exit(0 if same and torch.ops.servebench.pool_threads() == 1 else 3)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child did not exit within 60 s")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
