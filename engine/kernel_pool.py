@@ -9,8 +9,8 @@ region. The pool hands out small chunks to whichever thread runs, the caller inc
 partner that is not scheduled costs the chunk it holds, no more. Measured
 (`benchmarks/noisy_neighbour.py`, docs/results/2026-12-07-kernel-pool.md): 8 sequences beside
 a 2-thread torch loop took 1.56x (float32) and 1.61x (bf16) their quiet time, against 2.97x and
-3.64x on OpenMP and vLLM's 2.55x and 2.98x; beside half a core 1.18x and 1.20x; quiet within
-the machine's drift.
+3.64x on OpenMP and vLLM's 2.55x and 2.98x; beside half a core 1.18x and 1.20x. Quiet, that
+generate ran 2-7 % slower than on OpenMP (prefill's norms and activations on one thread).
 
 With the pool, torch's own ops (the compiled graphs' norms and activations, sampling) run on
 one thread: there is no second OpenMP team left to wait for. So the pool is taken only where
