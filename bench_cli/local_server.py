@@ -168,12 +168,13 @@ class LocalServer(ServerProcess):
     def engine_config(self) -> dict[str, Any] | None:
         """The server's resolved engine config, with its weight and KV memory under "memory",
         the attention, forward and linear paths it runs under "decode_attention",
-        "model_forward" and "linears",
-        and the model's shape under "model_shape"."""
+        "model_forward" and "linears", its CPU threads under "cpu_threads" and
+        "cpu_pool_threads", and the model's shape under "model_shape"."""
         try:
             with urllib.request.urlopen(f"{self.base_url}/engine/config", timeout=5) as r:
                 body = json.loads(r.read())
-                keys = ("memory", "decode_attention", "model_forward", "linears", "model_shape")
+                keys = ("memory", "decode_attention", "model_forward", "linears", "cpu_threads",
+                        "cpu_pool_threads", "model_shape")  # fmt: skip
                 extra = {k: body.get(k) for k in keys}
                 return {**body["engine"], **extra}
         except (urllib.error.URLError, OSError, ValueError, KeyError):

@@ -170,6 +170,12 @@ class LLMEngine:
         return taken.reason if taken is not None and self.device.type == "cpu" else ""
 
     @property
+    def cpu_pool_threads(self) -> int:
+        """Threads of the kernels' own pool (engine/kernel_pool.py); 1: OpenMP's, or no CPU."""
+        taken = kernel_pool.current()
+        return taken.pool_threads if taken is not None and self.device.type == "cpu" else 1
+
+    @property
     def linears(self) -> str:
         """What the layers' linears run as: 'kernel', 'onednn', 'torch', ... (the runner's)."""
         return self.runner.linears

@@ -100,8 +100,7 @@ def take_threads(model: nn.Module, kv_dtype: torch.dtype, head_dim: int) -> Thre
         torch.ops.servebench.set_pool_threads(chosen.pool_threads, SPIN_US)
         torch.set_num_threads(1)
     elif _threads["torch"]:  # an earlier engine's pool: torch's threads back
-        if cpu_kernels.BUILT["ok"]:
-            torch.ops.servebench.set_pool_threads(1, SPIN_US)
+        torch.ops.servebench.set_pool_threads(1, SPIN_US)
         torch.set_num_threads(_threads["torch"])
         _threads["torch"] = 0
     logger.info("CPU threads: %s", chosen.reason)

@@ -56,6 +56,8 @@ class InProcessBackend:
             "decode_attention": engine.decode_attention,
             "model_forward": engine.model_forward,
             "linears": engine.linears,
+            "cpu_threads": engine.cpu_threads,
+            "cpu_pool_threads": engine.cpu_pool_threads,
         }
 
     async def start(self) -> None:

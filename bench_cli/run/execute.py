@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -212,7 +211,7 @@ def _run_one(
             view = (_sim_view if cfg.engine_kind == "sim" else _live_view)(cfg, console)
         summary, outcome = measure(cfg, built, backend, target, out_dir, view)
         if target.kind in ("bundled", "bundled-in-process"):
-            _advise_on_steal(summary, cfg.engine)
+            _advise_on_steal(summary, config.get("engine") or {})
         summary["config"] = config
         # An engine started for this run and not warmed: its first requests pay one-off costs.
         summary["cold_start"] = not cfg.base_url and cfg.warmup == 0
@@ -342,12 +341,10 @@ def _device_peak(engine: dict[str, Any], console: Console) -> dict[str, Any] | N
 def _advise_on_steal(summary: dict[str, Any], engine: dict[str, Any]) -> None:
     """The host-steal warning, for a bundled engine on OpenMP's threads that sleep between a
     step's regions: what held its decode on such a host (each wake waits for the host). An
-    engine on its kernels' own pool waits for no sleeping thread: engine/kernel_pool.py takes
-    it unless SERVEBENCH_CPU_POOL=0 or weights or cache are fp8 (its rule, without torch)."""
+    engine on its kernels' own pool (its config says so) waits for no sleeping thread."""
     from engine import omp_wait  # no torch; a server we start inherits the policy it set
 
-    fp8 = engine.get("quantization") == "fp8" or "fp8" in str(engine.get("kv_cache_dtype"))
-    if os.environ.get("SERVEBENCH_CPU_POOL") != "0" and not fp8:
+    if engine.get("cpu_pool_threads", 1) > 1:
         return
     policy = omp_wait.state.policy
     if policy != "passive" and not policy.startswith("spin "):

@@ -43,6 +43,8 @@ async def engine_config(request: web.Request) -> web.Response:
             "decode_attention": engine.decode_attention,
             "model_forward": engine.model_forward,
             "linears": engine.linears,
+            "cpu_threads": engine.cpu_threads,
+            "cpu_pool_threads": engine.cpu_pool_threads,
             "model_shape": asdict(engine.model_config),  # for FLOP counts
         }
     )

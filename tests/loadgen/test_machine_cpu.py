@@ -129,21 +129,23 @@ def test_a_run_on_a_stolen_machine_says_so(
 def test_a_bundled_run_on_a_stolen_machine_says_what_held_the_engine(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """An engine on OpenMP's threads (SERVEBENCH_CPU_POOL=0) sleeps between regions by
-    default: the warning says what to change, unless the user chose a policy. On the
-    kernels' own pool (the default) no thread is waited for: nothing more is said."""
+    """An engine on OpenMP's threads sleeps between regions by default: the warning says
+    what to change, unless the user chose a policy. An engine that reports its kernels' own
+    pool (config.json's cpu_pool_threads) waits for no thread: nothing more is said."""
     from engine import omp_wait
+    from engine.engine import LLMEngine
 
     _steal_a_third(monkeypatch)
-    for pool, policy, advised in [("0", "spin 3000", True), ("0", "default", False),
-                                  ("1", "spin 3000", False)]:  # fmt: skip
-        monkeypatch.setenv("SERVEBENCH_CPU_POOL", pool)
+    for pool, policy, advised in [(1, "spin 3000", True), (1, "default", False),
+                                  (2, "spin 3000", False)]:  # fmt: skip
+        monkeypatch.setattr(LLMEngine, "cpu_pool_threads", property(lambda _, n=pool: n))
         monkeypatch.setattr(omp_wait, "state", omp_wait.WaitPolicy(policy, "test"))
         rc, printed, out = bench_run(
             tmp_path / f"{pool}-{policy}", in_process=True, warmup=0, num_requests=4, rate=None,
             concurrency=2,
         )  # fmt: skip
         assert rc == 0, printed
+        assert json.loads((out / "config.json").read_text())["engine"]["cpu_pool_threads"] == pool
         warning = next(
             w
             for w in json.loads((out / "summary.json").read_text())["warnings"]

@@ -706,6 +706,7 @@ def test_speculative_decoding_streams_the_same_text_and_exports_its_counters(
     assert sum(per_pos) == accepted
     assert len(texts) < 40  # a step's accepted drafts arrive in one chunk
     assert config["engine"]["speculative_config"]["method"] == "draft_layers"
+    assert config["cpu_threads"] and config["cpu_pool_threads"] >= 1  # engine/kernel_pool.py
     label = next(k for k in m if k.startswith("servebench:config{"))
     assert "draft_layers" in label
 
