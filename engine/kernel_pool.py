@@ -99,10 +99,17 @@ def take_threads(model: nn.Module, kv_dtype: torch.dtype, head_dim: int) -> Thre
         _threads["torch"] = threads
         torch.ops.servebench.set_pool_threads(chosen.pool_threads, SPIN_US)
         torch.set_num_threads(1)
-    elif _threads["torch"]:  # an earlier engine's pool: torch's threads back
-        torch.ops.servebench.set_pool_threads(1, SPIN_US)
-        torch.set_num_threads(_threads["torch"])
-        _threads["torch"] = 0
+    else:
+        give_back()
     logger.info("CPU threads: %s", chosen.reason)
     _taken[:] = [chosen]
     return chosen
+
+
+def give_back() -> None:
+    """An earlier engine's pool stopped and torch's threads as they were before it: for code
+    that sets torch's threads itself (a tensor-parallel driver takes its rank's share)."""
+    if _threads["torch"]:
+        torch.ops.servebench.set_pool_threads(1, SPIN_US)
+        torch.set_num_threads(_threads["torch"])
+        _threads["torch"] = 0

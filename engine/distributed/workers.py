@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from engine import kernel_pool
 from engine.distributed.group import TPGroup
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class TPWorkers:
             )
             for rank in range(1, size)
         ]
+        kernel_pool.give_back()  # an earlier engine's pool would make rank 0 its own count
         torch.set_num_threads(threads)  # the driver is rank 0: its share too
         self.group: TPGroup | None = TPGroup(0, size, port, device)
 

@@ -12,10 +12,13 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM, SamplingParams, kernel_pool
 from engine.distributed.sharding import Shard, vocab_sizes
+from engine.distributed.workers import threads_per_rank
 from engine.model.sources import TINY_CONFIGS
+from engine.ops import cpu_kernels
 
 PROMPTS = [
     [(11 * k) % 400 + 5 for k in range(70)],
@@ -153,6 +156,29 @@ def test_shutdown_stops_the_workers_and_a_second_engine_can_start() -> None:
         assert len(tokens(llm)[0]) == PARAMS.max_tokens
     finally:
         llm.llm_engine.shutdown()
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="needs the engine's CPU kernels")
+def test_the_driver_takes_its_share_of_threads_after_an_engine_with_a_pool() -> None:
+    """rank 0 runs on its share of the cores whatever an earlier engine of this process took:
+    a kernel pool remembers torch's thread count from before it (the whole machine)."""
+    from engine.ops.cpu_linear import PackedLinear
+    from tests.engine.ops.test_cpu_pool import _Tiny
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        earlier = _Tiny(torch.float32, PackedLinear(torch.randn(32, 16)))
+        assert kernel_pool.take_threads(earlier, torch.float32, 64).pool_threads == 3
+        llm = LLM("tiny-llama", tensor_parallel_size=2)
+        try:
+            assert torch.get_num_threads() == threads_per_rank(2)
+            assert torch.ops.servebench.pool_threads() <= threads_per_rank(2)
+        finally:
+            llm.llm_engine.shutdown()
+    finally:
+        kernel_pool.give_back()
+        torch.set_num_threads(before)
 
 
 def test_a_crashed_worker_is_a_clear_error() -> None:
