@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 import aiohttp
@@ -20,6 +20,11 @@ from loadgen.endpoints import api_url
 from loadgen.records import RequestRecord
 from loadgen.redact import redact_url
 from loadgen.workload import RequestSpec
+
+try:  # 2x json's speed on a read of 33 chunks, 5x on one (benchmarks/loadgen_client_cost.py)
+    from orjson import loads as _fast_loads
+except ImportError:  # a dependency, but the client runs without it
+    _fast_loads = json.loads
 
 
 class Backend(Protocol):
@@ -122,12 +127,14 @@ class OpenAIBackend:
                 # network read, not per line. Events that came in one read share its stamp.
                 async for data in resp.content.iter_any():
                     now = clock() - t0
-                    *events, buf = (buf + data).replace(b"\r\n", b"\n").split(b"\n\n")
-                    if self._take(events, now, rec, texts, usage, finished):
+                    datas, done, buf = _read_events(buf + data)
+                    if (datas and self._take(datas, now, rec, texts, usage, finished)) or done:
                         done = True
                         break
                 if not done and buf.strip():  # a last event without its closing blank line
-                    done = self._take([buf], clock() - t0, rec, texts, usage, finished)
+                    datas, done = _event_data([buf])
+                    if self._take(datas, clock() - t0, rec, texts, usage, finished):
+                        done = True
             rec.end_s = clock() - t0
         except asyncio.CancelledError:
             rec.status, rec.error = "cancelled", "the run was stopped"
@@ -175,15 +182,15 @@ class OpenAIBackend:
 
     def _take(
         self,
-        events: list[bytes],
+        datas: list[bytes],
         now: float,
         rec: RequestRecord,
         texts: list[str],
         usage: dict[str, Any],
         finished: set[int],
     ) -> bool:
-        """Record a read's events; True once the stream is over ([DONE] or an error event)."""
-        datas, done = _event_data(events)
+        """Record a read's events' data; True if one was an error (the stream is over)."""
+        chat, stamps = self.chat, rec.chunk_s  # this loop runs for every chunk of every stream
         for chunk in _chunks(datas):
             if chunk.get("error"):
                 rec.status, rec.error = "error", _error_message(json.dumps(chunk))
@@ -191,25 +198,25 @@ class OpenAIBackend:
             if chunk.get("usage"):
                 usage.update(chunk["usage"])
             for choice in chunk.get("choices") or ():
-                if not isinstance(choice, dict):
+                if type(choice) is not dict:
                     raise ValueError(
                         f"a stream chunk's choice is not a JSON object: {choice!r:.200}"
                     )
-                if self.chat:  # reasoning models stream their thinking first: output too
+                if chat:  # reasoning models stream their thinking first: output too
                     delta = choice.get("delta") or {}
                     text = (delta.get("reasoning_content") or "") + (delta.get("content") or "")
                 else:
                     text = choice.get("text")
                 if text:
-                    rec.chunk_s.append(now)
+                    stamps.append(now)
                     texts.append(text)
                     if rec.n > 1:  # n choices stream interleaved: ITL is per choice
                         rec.chunk_choice.append(int(choice.get("index") or 0))
-                if choice.get("finish_reason"):
+                if reason := choice.get("finish_reason"):
                     finished.add(int(choice.get("index") or 0))
                     if rec.finish_reason not in ("abort", "error"):  # one choice's abort fails it
-                        rec.finish_reason = choice["finish_reason"]
-        return done
+                        rec.finish_reason = reason
+        return False
 
     def _count_tokens(self, rec: RequestRecord, texts: list[str], usage: dict[str, Any]) -> None:
         """Output tokens from the server's usage, else our tokenizer, else one per chunk; and
@@ -243,6 +250,37 @@ class OpenAIBackend:
         rec.chunk_tokens = [q + (k < r) for k in range(n_chunks)]
 
 
+def _read_events(text: bytes) -> tuple[list[bytes], bool, bytes]:
+    """The data of the complete events in `text` up to [DONE], whether [DONE] came, and the
+    unfinished rest. Where every event is one `data:` line, as every server here sends them,
+    all the payloads come from one split: splitting and reading event by event took 13 of the
+    62 us a 33-event read cost to parse (benchmarks/loadgen_client_cost.py)."""
+    if b"\r" in text:
+        text = text.replace(b"\r\n", b"\n")
+    if text.endswith(b"\n\n") and text.find(b"\n") == len(text) - 2 and text[:5] == b"data:":
+        data = text[5:-2]  # one event, as a server streaming token by token sends each
+        if b"[DONE]" in data and data.strip() == b"[DONE]":
+            return [], True, b""
+        return [data], False, b""
+    end = text.rfind(b"\n\n")
+    if end < 0:
+        return [], False, text
+    rest = text[end + 2 :] if end + 2 < len(text) else b""
+    if text[:5] == b"data:":
+        datas = text[5:end].split(b"\n\ndata:")  # JSON allows the space left before each
+        # Raw newlines come only as separators (JSON escapes its own): this count holds
+        # exactly when every event is one `data:` line.
+        if text.count(b"\n", 0, end) == 2 * (len(datas) - 1):
+            last = datas[-1] == b" [DONE]" or datas[-1].strip() == b"[DONE]"  # as servers do
+            if text.find(b"[DONE]", 0, end - len(datas[-1])) < 0:  # none before the last
+                return (datas[:-1], True, rest) if last else (datas, False, rest)
+            for i, data in enumerate(datas):
+                if data.strip() == b"[DONE]":
+                    return datas[:i], True, rest
+            return datas, False, rest
+    return (*_event_data(text[:end].split(b"\n\n")), rest)
+
+
 def _event_data(events: list[bytes]) -> tuple[list[bytes], bool]:
     """The data of a read's events up to [DONE], and whether [DONE] came."""
     datas = []
@@ -263,28 +301,29 @@ def _sse_data(event: bytes) -> bytes | None:
     return b"\n".join(lines) if lines else None
 
 
-def _chunks(datas: list[bytes]) -> Iterator[dict[str, Any]]:
-    """The events' JSON objects, a read's events parsed in one json.loads: one call per
-    event was most of the client's time at thousands of streams a second (32,000 chunks a
-    second at 1,000 req/s). Where that does not give one object per event, one by one, so
-    the events before a broken one still count and the error names it."""
+def _chunks(datas: list[bytes]) -> Iterable[dict[str, Any]]:
+    """The events' JSON objects, a read's events parsed in one call: one call per event was
+    most of the client's time at thousands of streams a second (32,000 chunks a second at
+    1,000 req/s). Where that does not give one object per event, one by one, so the events
+    before a broken one still count and the error names it."""
     if len(datas) > 1:
         try:
-            chunks = json.loads(b"[" + b",".join(datas) + b"]")
+            chunks = _fast_loads(b"[" + b",".join(datas) + b"]")
         except ValueError:
             chunks = None
-        if (
-            isinstance(chunks, list)
-            and len(chunks) == len(datas)
-            and all(type(c) is dict for c in chunks)
-        ):
-            yield from chunks
-            return
-    for data in datas:
+        if type(chunks) is list and len(chunks) == len(datas) and set(map(type, chunks)) == {dict}:
+            return chunks
+    return map(_chunk, datas)
+
+
+def _chunk(data: bytes) -> dict[str, Any]:
+    try:
+        chunk = _fast_loads(data)
+    except ValueError:  # what orjson refuses and json reads (NaN, Infinity), or json's error
         chunk = json.loads(data)
-        if not isinstance(chunk, dict):  # `data: 1`: the server's bug, this request's failure
-            raise ValueError(f"a stream chunk is not a JSON object: {data[:200]!r}")
-        yield chunk
+    if type(chunk) is not dict:  # `data: 1`: the server's bug, this request's failure
+        raise ValueError(f"a stream chunk is not a JSON object: {data.strip()[:200]!r}")
+    return chunk
 
 
 def _not_a_stream(body: str) -> str:

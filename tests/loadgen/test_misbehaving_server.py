@@ -22,7 +22,7 @@ from rich.console import Console
 
 from bench_cli.local_server import free_port
 from bench_cli.run.execute import execute
-from loadgen.backends import OpenAIBackend
+from loadgen.backends import OpenAIBackend, _read_events
 from loadgen.endpoints import resolve_base_url
 from loadgen.mock_server import ESCAPE_ERROR, JSON_ERROR
 from loadgen.records import RequestRecord
@@ -267,9 +267,11 @@ def test_a_broken_event_among_good_ones_in_one_read_is_named(bad: bytes, error: 
     backend = OpenAIBackend("http://127.0.0.1:1/v1", "m")
     good = [b'data: {"choices": [{"index": 0, "text": "t"}]}'] * 2
     rec = RequestRecord(index=0, request_id="r", input_len=1, output_len=4)
+    datas, done, _ = _read_events(b"\n\n".join([*good, bad, *good, b""]))
     with pytest.raises(ValueError, match=error.replace("[", r"\[")):
-        backend._take([*good, bad, *good], 0.5, rec, [], {}, set())
-    assert rec.chunk_s == [0.5, 0.5]
+        backend._take(datas, 0.5, rec, [], {}, set())
+    assert rec.chunk_s == [0.5, 0.5] and not done
     rec = RequestRecord(index=0, request_id="r", input_len=1, output_len=4)
-    assert backend._take([*good, b"data: [DONE]", bad], 0.5, rec, [], {}, set())
+    datas, done, _ = _read_events(b"\n\n".join([*good, b"data: [DONE]", bad, b""]))
+    assert done and not backend._take(datas, 0.5, rec, [], {}, set())
     assert rec.chunk_s == [0.5, 0.5]  # nothing after [DONE] is read
