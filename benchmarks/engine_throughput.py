@@ -89,8 +89,16 @@ def run_ours(
     seconds = time.perf_counter() - t0
     assert [len(o.outputs[0].token_ids) for o in outs] == lens
     stats = llm.llm_engine.stats()
-    print(f"  ours/{batching}: {stats['num_steps']} steps, {stats['num_preemptions']} preemptions")
+    forward = llm.llm_engine.model_forward
+    print(f"  ours/{batching}: {stats['num_steps']} steps, {stats['num_preemptions']} preemptions"
+          f", forward {forward}")  # fmt: skip
     name = f"servebench {batching}" + (f" {label}" if label else "")
+    fell_back = forward == "eager" and llm.llm_engine.device.type == "cpu"
+    if fell_back and not engine_args.get("enforce_eager"):
+        # The compiled forward failed to build (its warning is above): what ran is not the
+        # engine users get. Seen with an inductor cache whose headers lacked the vector ISA.
+        print(f"  WARNING: ours ran eager, not compiled: {name} measures a fallback")
+        name += " [EAGER FALLBACK]"
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     return Result(name, seconds, sum(lens), sum(map(len, prompts)), tokens)
 
