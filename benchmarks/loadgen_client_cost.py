@@ -13,7 +13,7 @@ wall microseconds per request; then the medians and ours/floor. The client's CPU
 is what bounds its rate on a core and what queues a response behind other requests' work
 (TTFT p99 at 1,000 req/s, issue 46).
 
-Then the parse alone (no network), per stream: `_read_events` + `_take` over a captured
+Then the parse alone (no network), per stream: `send`'s handling of each read over a captured
 stream, in one read (as the instant server writes it) and in one read per event (as a server
 streaming token by token does), with this server's chunks and with vLLM-shaped ones.
 
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadgen_capacity import mock_server
 
-from loadgen.backends import OpenAIBackend, _read_events
+from loadgen.backends import OpenAIBackend
 from loadgen.event_loop import run_event_loop
 from loadgen.mock_server import _chunk, _usage
 from loadgen.records import RequestRecord
@@ -117,10 +117,11 @@ def _streams() -> dict[str, bytes]:
 
 
 def _parse(backend: OpenAIBackend, reads: list[bytes]) -> RequestRecord:
+    """What `OpenAIBackend.send` does with a stream's reads, without the network."""
     rec, texts, usage, finished, buf = RequestRecord(0, "r", 16, CHUNKS), [], {}, set(), b""
     for data in reads:
-        datas, done, buf = _read_events(buf + data)
-        if (datas and backend._take(datas, 1.0, rec, texts, usage, finished)) or done:
+        buf, done = backend._feed(buf + data, 1.0, rec, texts, usage, finished)
+        if done:
             break
     backend._keep_partial(rec, texts, usage)
     return rec

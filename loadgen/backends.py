@@ -126,10 +126,8 @@ class OpenAIBackend:
                 # Read whatever has arrived and split it into events ourselves: one await per
                 # network read, not per line. Events that came in one read share its stamp.
                 async for data in resp.content.iter_any():
-                    now = clock() - t0
-                    datas, done, buf = _read_events(buf + data)
-                    if (datas and self._take(datas, now, rec, texts, usage, finished)) or done:
-                        done = True
+                    buf, done = self._feed(buf + data, clock() - t0, rec, texts, usage, finished)
+                    if done:
                         break
                 if not done and buf.strip():  # a last event without its closing blank line
                     datas, done = _event_data([buf])
@@ -179,6 +177,20 @@ class OpenAIBackend:
         if rec.chunk_s:
             rec.first_chunk_s = rec.chunk_s[0]
             self._count_tokens(rec, texts, usage)
+
+    def _feed(
+        self,
+        text: bytes,
+        now: float,
+        rec: RequestRecord,
+        texts: list[str],
+        usage: dict[str, Any],
+        finished: set[int],
+    ) -> tuple[bytes, bool]:
+        """Record the complete events of what has arrived (stamped `now`); the unfinished
+        rest, and whether the stream is over ([DONE] or an error event)."""
+        datas, done, rest = _read_events(text)
+        return rest, bool(datas and self._take(datas, now, rec, texts, usage, finished)) or done
 
     def _take(
         self,
@@ -259,9 +271,7 @@ def _read_events(text: bytes) -> tuple[list[bytes], bool, bytes]:
         text = text.replace(b"\r\n", b"\n")
     if text.endswith(b"\n\n") and text.find(b"\n") == len(text) - 2 and text[:5] == b"data:":
         data = text[5:-2]  # one event, as a server streaming token by token sends each
-        if b"[DONE]" in data and data.strip() == b"[DONE]":
-            return [], True, b""
-        return [data], False, b""
+        return ([], True, b"") if _is_done(data) else ([data], False, b"")
     end = text.rfind(b"\n\n")
     if end < 0:
         return [], False, text
@@ -271,14 +281,18 @@ def _read_events(text: bytes) -> tuple[list[bytes], bool, bytes]:
         # Raw newlines come only as separators (JSON escapes its own): this count holds
         # exactly when every event is one `data:` line.
         if text.count(b"\n", 0, end) == 2 * (len(datas) - 1):
-            last = datas[-1] == b" [DONE]" or datas[-1].strip() == b"[DONE]"  # as servers do
-            if text.find(b"[DONE]", 0, end - len(datas[-1])) < 0:  # none before the last
-                return (datas[:-1], True, rest) if last else (datas, False, rest)
+            if text.find(b"[DONE]", 0, end - len(datas[-1])) < 0:  # last, as servers put it
+                return (datas[:-1], True, rest) if _is_done(datas[-1]) else (datas, False, rest)
             for i, data in enumerate(datas):
-                if data.strip() == b"[DONE]":
+                if _is_done(data):
                     return datas[:i], True, rest
             return datas, False, rest
     return (*_event_data(text[:end].split(b"\n\n")), rest)
+
+
+def _is_done(data: bytes) -> bool:
+    """An event's data is the stream's end, `[DONE]` (spaces around it allowed)."""
+    return b"[DONE]" in data and data.strip() == b"[DONE]"
 
 
 def _event_data(events: list[bytes]) -> tuple[list[bytes], bool]:
